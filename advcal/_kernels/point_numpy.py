@@ -1,0 +1,122 @@
+"""Numpy reference engine for the point estimators: the test oracle of ``point_numba``.
+
+One plain loop over groups with whole-group numpy operations, written to be checked by
+eye against DESIGN §2.  Same functions, signatures and outputs as the numba engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from advcal._kernels.modes import FIXED, GRPO, RLOO
+
+
+def _groups(x, offsets, omit_nan):
+    """Yield (q, slice, valid mask, valid rewards as float64) for every group."""
+    for q in range(offsets.size - 1):
+        sl = slice(offsets[q], offsets[q + 1])
+        g = x[sl].astype(np.float64)
+        valid = ~np.isnan(g) if omit_nan else np.ones(g.size, dtype=bool)
+        yield q, sl, valid, g[valid]
+
+
+def _flag(r):
+    """0 for finite rewards, NaN otherwise: the value amax takes when no advantage is written."""
+    return 0.0 if np.isfinite(r).all() else np.nan
+
+
+def _centered(r):
+    # Deviations from a member of the group first: a constant group centers to exact 0.
+    d = r - r[0]
+    return d - d.mean()
+
+
+def _outputs(x, offsets):
+    n_groups = offsets.size - 1
+    return np.zeros_like(x), np.full(n_groups, np.nan), np.zeros(n_groups)
+
+
+def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor):
+    out, scale, amax = _outputs(x, offsets)
+    for q, sl, valid, r in _groups(x, offsets, omit_nan):
+        n = r.size
+        if n == 0 or (n == 1 and not raw_singletons):
+            amax[q] = _flag(r)
+            continue
+        if n == 1:  # verl's convention for a lone response: mean 0, std 1
+            u = r
+            s = {GRPO: 1.0 + eps, FIXED: divisor}.get(mode, 1.0)
+        else:
+            u = _centered(r)
+            if mode == GRPO:
+                s = np.sqrt(np.sum(u * u) / (n - ddof)) + eps if n > ddof else eps
+            elif mode == RLOO:
+                s = (n - 1) / n
+            elif mode == FIXED:
+                s = divisor
+            else:
+                s = 1.0
+        scale[q] = s
+        if s == 0.0 or np.isnan(s):
+            amax[q] = _flag(r)
+            continue
+        a = u / s
+        out[sl][valid] = a
+        amax[q] = np.max(np.abs(a))
+    return out, scale, amax
+
+
+def opo(x, weights, offsets, raw_singletons, omit_nan):
+    out, scale, amax = _outputs(x, offsets)
+    for q, sl, valid, r in _groups(x, offsets, omit_nan):
+        n = r.size
+        if n == 0 or (n == 1 and not raw_singletons):
+            amax[q] = _flag(r)
+            continue
+        if n == 1:
+            a = r
+        else:
+            w = weights[sl][valid]
+            d = r - r[0]
+            a = d - np.sum(w * d) / np.sum(w)
+        scale[q] = 1.0
+        out[sl][valid] = a
+        amax[q] = np.max(np.abs(a))
+    return out, scale, amax
+
+
+def passk(x, offsets, eps, ddof, raw_singletons, omit_nan):
+    out, scale, amax = _outputs(x, offsets)
+    for q, sl, valid, r in _groups(x, offsets, omit_nan):
+        n = r.size
+        if not np.isfinite(r).all():
+            amax[q] = np.nan
+            continue
+        if n == 0 or (n == 1 and not raw_singletons):
+            continue
+        best = int(np.argmax(r))  # first of tied maxima
+        if n == 1:
+            s = 1.0 + eps
+            a = r[0] / s
+        else:
+            s = np.sqrt(np.sum(_centered(r) ** 2) / (n - ddof)) + eps if n > ddof else eps
+            a = (r[best] - np.sort(r)[-2]) / s
+        scale[q] = s
+        if s == 0.0:
+            continue
+        out[sl][np.flatnonzero(valid)[best]] = a
+        amax[q] = abs(a)
+    return out, scale, amax
+
+
+def group_moments(x, offsets, omit_nan):
+    n_groups = offsets.size - 1
+    count = np.zeros(n_groups, dtype=np.int64)
+    mean = np.zeros(n_groups)
+    ss = np.zeros(n_groups)
+    for q, _, _, r in _groups(x, offsets, omit_nan):
+        if r.size:
+            count[q] = r.size
+            mean[q] = r[0] + (r - r[0]).mean()
+            ss[q] = np.sum(_centered(r) ** 2)
+    return count, mean, ss

@@ -1,0 +1,182 @@
+"""The one place where public inputs are checked and normalized.
+
+Public functions call these helpers once, in a private ``_<name>_iv`` function, and hand
+the normalized arrays to kernels that trust them (DESIGN §7, §8).  Every error names the
+argument it is about, so a user can tell which of several arrays is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from advcal.layouts import groups_from_ids
+
+BACKENDS = ("numba", "numpy")
+SINGLETON_POLICIES = ("zero", "raw", "error")
+NAN_POLICIES = ("raise", "omit")
+
+
+def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise naming ``name``."""
+    if not isinstance(value, str) or value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"`{name}` must be one of {allowed}; got {value!r}.")
+    return value
+
+
+def check_real(
+    value: Any,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_inclusive: bool = True,
+    high_inclusive: bool = True,
+) -> float:
+    """Return ``value`` as a finite Python float within the given bounds."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a real number; got {type(value).__name__}.")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"`{name}` must be finite; got {value}.")
+    too_low = low is not None and (value < low if low_inclusive else value <= low)
+    too_high = high is not None and (value > high if high_inclusive else value >= high)
+    if too_low or too_high:
+        left = "[" if low_inclusive else "("
+        right = "]" if high_inclusive else ")"
+        lo = "-inf" if low is None else repr(low)
+        hi = "inf" if high is None else repr(high)
+        raise ValueError(f"`{name}` must lie in {left}{lo}, {hi}{right}; got {value!r}.")
+    return value
+
+
+def check_int(value: Any, name: str, *, choices: Sequence[int] | None = None) -> int:
+    """Return ``value`` as a Python int, optionally restricted to ``choices``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`{name}` must be an integer; got {type(value).__name__}.")
+    value = int(value)
+    if choices is not None and value not in choices:
+        raise ValueError(f"`{name}` must be one of {tuple(choices)}; got {value}.")
+    return value
+
+
+def as_float_array(values: Any, name: str) -> np.ndarray:
+    """Convert to a float32/float64 array; other real dtypes are promoted to float64.
+
+    float16 is promoted to float32 (numba has no float16 arithmetic); booleans and
+    integers to float64.  Complex, string and object input is a ``TypeError``.
+    """
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError) as exc:  # ragged nested lists and the like
+        raise TypeError(f"`{name}` must be an array of real numbers ({exc}).") from None
+    kind = arr.dtype.kind
+    if kind == "f":
+        if arr.dtype == np.float16:
+            return arr.astype(np.float32)
+        if arr.dtype not in (np.float32, np.float64):  # longdouble
+            return arr.astype(np.float64)
+        return arr
+    if kind in "biu":
+        return arr.astype(np.float64)
+    raise TypeError(f"`{name}` must be an array of real numbers; got dtype {arr.dtype}.")
+
+
+def check_offsets(offsets: Any, n_values: int) -> np.ndarray:
+    """Validate CSR offsets for ``n_values`` values; return a contiguous int64 copy-or-view."""
+    arr = np.asarray(offsets)
+    if arr.dtype.kind not in "iu" or arr.dtype == np.bool_:
+        raise TypeError(f"`offsets` must be an integer array; got dtype {arr.dtype}.")
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"`offsets` must be 1-D with at least one entry; got shape {arr.shape}.")
+    if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise ValueError("`offsets` entries must fit in int64.")
+    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    if arr[0] != 0:
+        raise ValueError(f"`offsets[0]` must be 0; got {arr[0]}.")
+    if arr[-1] != n_values:
+        raise ValueError(
+            f"`offsets[-1]` must equal the number of rewards ({n_values}); got {arr[-1]}."
+        )
+    if arr.size > 1 and (np.diff(arr) < 0).any():
+        raise ValueError("`offsets` must be non-decreasing.")
+    return arr
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Rewards normalized to the ragged layout, plus what is needed to undo it.
+
+    ``values`` is flat, contiguous and grouped (group q is
+    ``values[offsets[q]:offsets[q + 1]]``); ``shape`` is the caller's shape for dense
+    input; ``order`` is the permutation that grouped ``group_ids`` input.
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+    shape: tuple[int, ...] | None = None
+    order: np.ndarray | None = None
+
+    @property
+    def n_groups(self) -> int:
+        return self.offsets.size - 1
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def gather(self, per_response: Any, name: str) -> np.ndarray:
+        """Bring a second per-response array (lengths, scores) into this batch's order."""
+        arr = as_float_array(per_response, name)
+        expected = self.shape if self.shape is not None else self.values.shape
+        if arr.shape != expected:
+            raise ValueError(f"`{name}` must have shape {expected}; got {arr.shape}.")
+        flat = arr.reshape(-1)
+        if self.order is not None:
+            flat = flat[self.order]
+        return np.ascontiguousarray(flat, dtype=np.float64)
+
+    def restore(self, flat: np.ndarray) -> np.ndarray:
+        """Return a per-response result in the layout and order the caller used."""
+        if self.shape is not None:
+            return flat.reshape(self.shape)
+        if self.order is not None:
+            out = np.empty_like(flat)
+            out[self.order] = flat
+            return out
+        return flat
+
+
+def as_batch(rewards: Any, offsets: Any, group_ids: Any, *, name: str = "rewards") -> Batch:
+    """Normalize ``(rewards, offsets, group_ids)`` in either layout (DESIGN §1)."""
+    values = as_float_array(rewards, name)
+    if values.ndim == 2:
+        if offsets is not None or group_ids is not None:
+            raise ValueError(
+                f"`offsets` and `group_ids` apply to 1-D `{name}` only; "
+                f"2-D `{name}` are grouped by row."
+            )
+        n_groups, width = values.shape
+        flat = np.ascontiguousarray(values).reshape(-1)
+        dense_offsets = np.arange(n_groups + 1, dtype=np.int64) * width
+        return Batch(flat, dense_offsets, shape=values.shape)
+    if values.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D (with offsets or group_ids) or 2-D; "
+                         f"got {values.ndim}-D.")
+    if (offsets is None) == (group_ids is None):
+        raise ValueError(f"1-D `{name}` need exactly one of `offsets` or `group_ids`.")
+    if offsets is not None:
+        return Batch(np.ascontiguousarray(values), check_offsets(offsets, values.size))
+    index = groups_from_ids(group_ids)
+    if index.order.size != values.size:
+        raise ValueError(
+            f"`group_ids` must have one label per reward ({values.size}); "
+            f"got {index.order.size}."
+        )
+    return Batch(np.ascontiguousarray(values[index.order]), index.offsets, order=index.order)

@@ -1,0 +1,545 @@
+"""Point estimators: groups of scalar rewards in, advantages out (DESIGN §2).
+
+Every estimator takes ``(rewards, offsets=None, *, group_ids=None, ...)``: 2-D rewards
+are groups by row; 1-D rewards need exactly one of ``offsets`` (CSR) or ``group_ids``
+(per-response labels).  The result has the caller's layout and order.
+
+Shared keywords:
+
+* ``singleton``: a group with one (valid) response has no relative information.
+  ``"zero"`` (default) gives it advantage 0; ``"raw"`` follows verl, which treats a lone
+  response as having group mean 0 and std 1 (so it keeps its raw score, divided by
+  ``1 + eps`` where the estimator divides by ``std + eps``); ``"error"`` raises.
+* ``nan_policy``: ``"raise"`` (default) rejects NaN rewards; ``"omit"`` leaves them out
+  of the group statistics and gives them advantage 0 (TRL's treatment of unscorable
+  responses).  Infinite rewards are always an error.
+* ``backend``: ``"numba"`` (default, compiled kernels) or ``"numpy"`` (the reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from advcal._kernels import engine
+from advcal._kernels.modes import DR, FIXED, GRPO, RLOO
+from advcal._validation import (
+    BACKENDS,
+    NAN_POLICIES,
+    SINGLETON_POLICIES,
+    Batch,
+    as_batch,
+    check_choice,
+    check_int,
+    check_real,
+)
+
+__all__ = [
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "batch_std",
+    "reinforce_pp_baseline",
+    "opo",
+    "gpg",
+    "passk",
+    "advantages",
+    "ESTIMATORS",
+]
+
+
+class _Call:
+    """A validated estimator call: the grouped batch and the options every estimator shares."""
+
+    __slots__ = ("batch", "raw", "omit", "engine")
+
+    def __init__(self, batch: Batch, raw: bool, omit: bool, engine: ModuleType) -> None:
+        self.batch = batch
+        self.raw = raw
+        self.omit = omit
+        self.engine = engine
+
+
+@cache
+def _engine(backend: str) -> ModuleType:
+    return engine(backend)
+
+
+def _point_iv(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None,
+    group_ids: ArrayLike | None,
+    singleton: str,
+    nan_policy: str,
+    backend: str,
+) -> _Call:
+    check_choice(singleton, "singleton", SINGLETON_POLICIES)
+    check_choice(nan_policy, "nan_policy", NAN_POLICIES)
+    check_choice(backend, "backend", BACKENDS)
+    batch = as_batch(rewards, offsets, group_ids)
+    omit = nan_policy == "omit"
+    if singleton == "error":
+        counts = valid_counts(batch, omit)
+        if (counts == 1).any():
+            q = int(np.flatnonzero(counts == 1)[0])
+            raise ValueError(
+                f"group {q} has a single response and `singleton='error'`; "
+                "pass singleton='zero' or 'raw' to accept lone responses."
+            )
+    return _Call(batch, singleton == "raw", omit, _engine(backend))
+
+
+def valid_counts(batch: Batch, omit_nan: bool) -> np.ndarray:
+    """Number of responses per group that enter the group statistics."""
+    if not omit_nan:
+        return batch.sizes
+    cum = np.concatenate(([0], np.cumsum(~np.isnan(batch.values))))
+    return cum[batch.offsets[1:]] - cum[batch.offsets[:-1]]
+
+
+def raise_bad_values(values: np.ndarray, omit_nan: bool, name: str = "rewards") -> None:
+    """Explain why a kernel saw non-finite numbers (called only on the error path)."""
+    if not omit_nan and np.isnan(values).any():
+        raise ValueError(
+            f"`{name}` contain NaN; pass nan_policy='omit' to leave unscorable "
+            "responses out of their groups."
+        )
+    if np.isinf(values).any():
+        raise ValueError(f"`{name}` must be finite; got inf.")
+    raise ValueError(
+        f"`{name}` are too large: the advantages overflow {values.dtype} "
+        "(rescale the rewards)."
+    )
+
+
+def _finish(call: _Call, out: np.ndarray, amax: np.ndarray) -> np.ndarray:
+    # amax is NaN/inf where a group held a non-finite reward, and beyond the dtype's
+    # range where the cast to the output dtype overflowed: one O(B) check for both.
+    if amax.size and not (amax <= np.finfo(out.dtype).max).all():
+        raise_bad_values(call.batch.values, call.omit)
+    return call.batch.restore(out)
+
+
+def _center_scale(call: _Call, mode: int, *, eps: float = 0.0, ddof: int = 1,
+                  divisor: float = 1.0) -> np.ndarray:
+    out, _, amax = call.engine.center_scale(
+        call.batch.values, call.batch.offsets, mode, eps, ddof, call.raw, call.omit, divisor
+    )
+    return _finish(call, out, amax)
+
+
+def _check_eps_ddof(eps: Any, ddof: Any) -> tuple[float, int]:
+    return check_real(eps, "eps", low=0.0), check_int(ddof, "ddof", choices=(0, 1))
+
+
+def grpo(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    group_ids: ArrayLike | None = None,
+    eps: float = 1e-6,
+    ddof: int = 1,
+    singleton: str = "zero",
+    nan_policy: str = "raise",
+    backend: str = "numba",
+) -> np.ndarray:
+    """GRPO advantages: ``(r - mean) / (std + eps)`` within each group.
+
+    Parameters
+    ----------
+    rewards : array_like, shape (B, G) or (N,)
+        Scalar rewards; 2-D rows are groups, 1-D needs ``offsets`` or ``group_ids``.
+    offsets : array_like of int, shape (B + 1,), optional
+        CSR group boundaries for 1-D ``rewards``.
+    group_ids : sequence of hashable, length N, optional
+        Per-response group labels for 1-D ``rewards`` (verl's ``uid``), any order.
+    eps : float, default 1e-6
+        Added to the group standard deviation (verl 1e-6, TRL 1e-4, OpenRLHF 1e-9).
+    ddof : {0, 1}, default 1
+        Delta degrees of freedom of the standard deviation (the frameworks use 1).
+    singleton : {"zero", "raw", "error"}, default "zero"
+        Treatment of one-response groups; ``"raw"`` gives ``r / (1 + eps)`` like verl.
+    nan_policy : {"raise", "omit"}, default "raise"
+        ``"omit"`` leaves NaN rewards out of the statistics and gives them 0.
+    backend : {"numba", "numpy"}, default "numba"
+        Compiled kernel or numpy reference.
+
+    Returns
+    -------
+    ndarray
+        Advantages in the layout, order and float dtype of ``rewards`` (integers give
+        float64).  A group whose rewards are all equal gets exactly 0.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from advcal import grpo
+    >>> grpo(np.array([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]]))
+    array([[ 0.866025, -0.866025, -0.866025,  0.866025],
+           [ 0.      ,  0.      ,  0.      ,  0.      ]])
+    >>> grpo([1.0, 0.0, 3.0], group_ids=["a", "a", "b"], singleton="raw")
+    array([ 0.707106, -0.707106,  2.999997])
+    """
+    eps, ddof = _check_eps_ddof(eps, ddof)
+    call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
+    return _center_scale(call, GRPO, eps=eps, ddof=ddof)
+
+
+def dr_grpo(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    group_ids: ArrayLike | None = None,
+    singleton: str = "zero",
+    nan_policy: str = "raise",
+    backend: str = "numba",
+) -> np.ndarray:
+    """Dr.GRPO advantages: the centered rewards ``r - mean`` of each group.
+
+    Parameters
+    ----------
+    rewards, offsets, group_ids, singleton, nan_policy, backend
+        As in :func:`grpo`; a ``"raw"`` singleton keeps its reward.
+
+    Returns
+    -------
+    ndarray
+        Advantages in the caller's layout and dtype.
+
+    Examples
+    --------
+    >>> from advcal import dr_grpo
+    >>> dr_grpo([0.0, 1.0, 2.0, 5.0, 5.0], offsets=[0, 3, 5])
+    array([-1.,  0.,  1.,  0.,  0.])
+    """
+    call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
+    return _center_scale(call, DR)
+
+
+def rloo(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    group_ids: ArrayLike | None = None,
+    singleton: str = "zero",
+    nan_policy: str = "raise",
+    backend: str = "numba",
+) -> np.ndarray:
+    """RLOO advantages: each reward minus the mean of the others, ``n / (n - 1) * u``.
+
+    Parameters
+    ----------
+    rewards, offsets, group_ids, singleton, nan_policy, backend
+        As in :func:`grpo`; a ``"raw"`` singleton keeps its reward (verl).
+
+    Returns
+    -------
+    ndarray
+        Advantages in the caller's layout and dtype.
+
+    Examples
+    --------
+    >>> from advcal import rloo
+    >>> rloo([[1.0, 0.0, 0.0]])
+    array([[ 1. , -0.5, -0.5]])
+    """
+    call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
+    return _center_scale(call, RLOO)
+
+
+def _batch_std(call: _Call, ddof: int) -> float:
+    """Standard deviation of every valid reward of the batch around the batch mean."""
+    count, mean, ss = call.engine.group_moments(call.batch.values, call.batch.offsets, call.omit)
+    total = int(count.sum())
+    if total <= ddof:
+        return 0.0
+    used = count > 0
+    grand = float(np.sum(count[used] * mean[used]) / total)
+    # Exact decomposition of the total sum of squares into within + between groups.
+    m2 = float(np.sum(ss[used]) + np.sum(count[used] * (mean[used] - grand) ** 2))
+    return float(np.sqrt(m2 / (total - ddof)))
+
+
+def batch_std(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    group_ids: ArrayLike | None = None,
+    eps: float = 1e-6,
+    ddof: int = 1,
+    singleton: str = "zero",
+    nan_policy: str = "raise",
+    backend: str = "numba",
+) -> np.ndarray:
+    """Group-centered rewards divided by one batch-wide std: ``u / (std_batch + eps)``.
+
+    ``std_batch`` is the standard deviation of all valid rewards of the batch (singleton
+    groups included) around the batch mean, as TRL's ``scale_rewards="batch"``.
+
+    Parameters
+    ----------
+    rewards, offsets, group_ids, singleton, nan_policy, backend
+        As in :func:`grpo`.
+    eps : float, default 1e-6
+        Added to the batch std (TRL uses 1e-4).
+    ddof : {0, 1}, default 1
+        Delta degrees of freedom of the batch std.
+
+    Returns
+    -------
+    ndarray
+        Advantages in the caller's layout and dtype.
+
+    Examples
+    --------
+    >>> from advcal import batch_std
+    >>> batch_std([[0.0, 2.0], [1.0, 1.0]], eps=0.0)
+    array([[-1.,  1.],
+           [ 0.,  0.]])
+    """
+    eps, ddof = _check_eps_ddof(eps, ddof)
+    call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
+    divisor = _batch_std(call, ddof) + eps
+    if not np.isfinite(divisor):
+        raise_bad_values(call.batch.values, call.omit)
+    return _center_scale(call, FIXED, divisor=divisor)
+
+
+def reinforce_pp_baseline(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    group_ids: ArrayLike | None = None,
+    token_counts: ArrayLike | None = None,
+    eps: float = 1e-8,
+    singleton: str = "zero",
+    nan_policy: str = "raise",
+    backend: str = "numba",
+) -> np.ndarray:
+    """REINFORCE++-baseline: group-centered rewards, then whitened over the whole batch.
+
+    With ``u`` the group-centered rewards and weights ``w`` (``token_counts``, default 1
+    per response), the result is ``(u - m) / sqrt(v + eps)`` with ``m`` the w-weighted
+    mean of ``u`` and ``v`` its w-weighted variance with Bessel's correction
+    ``W / (W - 1)``, ``W = sum(w)``: verl's ``masked_whiten`` over response tokens when
+    ``token_counts`` are the response lengths.
+
+    Parameters
+    ----------
+    rewards, offsets, group_ids, singleton, nan_policy, backend
+        As in :func:`grpo`; a ``"raw"`` singleton keeps its reward before whitening.
+    token_counts : array_like, optional
+        Non-negative per-response weights (tokens per response), same shape as
+        ``rewards``.
+    eps : float, default 1e-8
+        Added to the variance inside the square root (verl's placement).
+
+    Returns
+    -------
+    ndarray
+        Whitened advantages in the caller's layout and dtype; omitted (NaN) responses
+        get 0.
+
+    Examples
+    --------
+    >>> from advcal import reinforce_pp_baseline
+    >>> reinforce_pp_baseline([[1.0, 0.0], [0.0, 1.0]], eps=0.0)
+    array([[ 0.866025, -0.866025],
+           [-0.866025,  0.866025]])
+    """
+    eps = check_real(eps, "eps", low=0.0)
+    call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
+    centered = _center_scale(call, DR)
+    values = call.batch.restore(call.batch.values)
+    if token_counts is None:
+        weights = np.ones(values.shape)
+    else:
+        weights = call.batch.restore(call.batch.gather(token_counts, "token_counts"))
+        if not (np.isfinite(weights).all() and (weights >= 0).all()):
+            raise ValueError("`token_counts` must be finite and non-negative.")
+    u = centered.astype(np.float64)
+    if call.omit:
+        weights = np.where(np.isnan(values), 0.0, weights)
+    total = weights.sum()
+    out = np.zeros(values.shape)
+    if total > 0:
+        mean = np.sum(weights * u) / total
+        var = np.sum(weights * (u - mean) ** 2) / total
+        if total > 1:
+            var *= total / (total - 1)
+        if var + eps > 0:
+            out = np.where(weights > 0, (u - mean) / np.sqrt(var + eps), 0.0)
+    return out.astype(centered.dtype, copy=False)
+
+
+def opo(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    group_ids: ArrayLike | None = None,
+    lengths: ArrayLike,
+    singleton: str = "zero",
+    nan_policy: str = "raise",
+    backend: str = "numba",
+) -> np.ndarray:
+    """OPO advantages: ``r - sum(l * r) / sum(l)``, a length-weighted group baseline.
+
+    Parameters
+    ----------
+    rewards, offsets, group_ids, singleton, nan_policy, backend
+        As in :func:`grpo`; a ``"raw"`` singleton keeps its reward (verl).
+    lengths : array_like
+        Positive response lengths, same shape as ``rewards``.
+
+    Returns
+    -------
+    ndarray
+        Advantages in the caller's layout and dtype.
+
+    Examples
+    --------
+    >>> from advcal import opo
+    >>> opo([[1.0, 0.0]], lengths=[[1, 3]])
+    array([[ 0.75, -0.25]])
+    """
+    call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
+    weights = call.batch.gather(lengths, "lengths")
+    if not (np.isfinite(weights).all() and (weights > 0).all()):
+        raise ValueError("`lengths` must be finite and positive.")
+    out, _, amax = call.engine.opo(
+        call.batch.values, weights, call.batch.offsets, call.raw, call.omit
+    )
+    return _finish(call, out, amax)
+
+
+def gpg(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    group_ids: ArrayLike | None = None,
+    f_norm: float = 1.0,
+    singleton: str = "zero",
+    nan_policy: str = "raise",
+    backend: str = "numba",
+) -> np.ndarray:
+    """GPG advantages: ``(N / k) * u / f_norm``, N responses of which k have nonzero reward.
+
+    ``k`` is clamped to at least 1 (an all-zero batch has ``u = 0`` anyway).  With
+    ``nan_policy="omit"`` N and k count valid responses only.
+
+    Parameters
+    ----------
+    rewards, offsets, group_ids, singleton, nan_policy, backend
+        As in :func:`grpo`.
+    f_norm : float, default 1.0
+        Positive normalization factor.
+
+    Returns
+    -------
+    ndarray
+        Advantages in the caller's layout and dtype.
+
+    Examples
+    --------
+    >>> from advcal import gpg
+    >>> gpg([[1.0, 0.0], [0.0, 0.0]])
+    array([[ 2., -2.],
+           [ 0.,  0.]])
+    """
+    f_norm = check_real(f_norm, "f_norm", low=0.0, low_inclusive=False)
+    call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
+    values = call.batch.values
+    if call.omit:
+        values = values[~np.isnan(values)]
+    alpha = values.size / max(int(np.count_nonzero(values)), 1)
+    return _center_scale(call, FIXED, divisor=f_norm / alpha)
+
+
+def passk(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    group_ids: ArrayLike | None = None,
+    eps: float = 1e-6,
+    ddof: int = 1,
+    singleton: str = "zero",
+    nan_policy: str = "raise",
+    backend: str = "numba",
+) -> np.ndarray:
+    """Pass@k advantages: the best response gets ``(r_max - r_2nd) / (std + eps)``, others 0.
+
+    Ties for the maximum give 0 (the first of the tied responses is "best").  A
+    ``"raw"`` singleton gets ``r / (1 + eps)``.
+
+    Parameters
+    ----------
+    rewards, offsets, group_ids, eps, ddof, singleton, nan_policy, backend
+        As in :func:`grpo`.
+
+    Returns
+    -------
+    ndarray
+        Advantages in the caller's layout and dtype.
+
+    Examples
+    --------
+    >>> from advcal import passk
+    >>> passk([[0.0, 1.0, 0.0, 0.0]], eps=0.0)
+    array([[0.,  2.,  0.,  0.]])
+    """
+    eps, ddof = _check_eps_ddof(eps, ddof)
+    call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
+    out, _, amax = call.engine.passk(
+        call.batch.values, call.batch.offsets, eps, ddof, call.raw, call.omit
+    )
+    return _finish(call, out, amax)
+
+
+ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "batch_std": batch_std,
+    "reinforce_pp_baseline": reinforce_pp_baseline,
+    "opo": opo,
+    "gpg": gpg,
+    "passk": passk,
+}
+
+
+def advantages(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    method: str = "grpo",
+    **kwargs: Any,
+) -> np.ndarray:
+    """Advantages by estimator name: ``advantages(r, method="rloo")`` is ``rloo(r)``.
+
+    Parameters
+    ----------
+    rewards, offsets
+        As in :func:`grpo`.
+    method : str, default "grpo"
+        A key of :data:`advcal.ESTIMATORS`.
+    **kwargs
+        Keyword options of the chosen estimator (``group_ids``, ``eps``, ...).
+
+    Returns
+    -------
+    ndarray
+        The chosen estimator's advantages.
+
+    Examples
+    --------
+    >>> from advcal import advantages
+    >>> advantages([[1.0, 0.0, 0.0]], method="rloo")
+    array([[ 1. , -0.5, -0.5]])
+    """
+    check_choice(method, "method", tuple(ESTIMATORS))
+    return ESTIMATORS[method](rewards, offsets, **kwargs)
