@@ -12,6 +12,11 @@ RLOO = 2  # u * n / (n - 1)
 FIXED = 3  # u / divisor, one divisor for the whole batch (batch_std, gpg)
 
 
+# LLVM may reassociate sums (so it vectorizes them) and use reciprocals, but must keep
+# NaN and inf semantics: the wrappers detect bad rewards by the NaN/inf they leave.
+FASTMATH = frozenset({"reassoc", "nsz", "arcp", "contract"})
+
+
 def compile_pair(loop: Any) -> tuple[Any, Any]:
     """Compile one plain loop function twice: serially and with ``prange`` threads.
 
@@ -29,6 +34,7 @@ def compile_pair(loop: Any) -> tuple[Any, Any]:
         fn.__qualname__ = loop.__qualname__ + suffix
         return fn
 
-    serial = njit(cache=True, error_model="numpy")(renamed("_serial"))
-    parallel = njit(cache=True, error_model="numpy", parallel=True)(renamed("_parallel"))
+    options = {"cache": True, "error_model": "numpy", "fastmath": set(FASTMATH)}
+    serial = njit(**options)(renamed("_serial"))
+    parallel = njit(parallel=True, **options)(renamed("_parallel"))
     return serial, parallel

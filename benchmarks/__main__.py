@@ -1,0 +1,42 @@
+"""Run every benchmark case and print times and ratios (see ``benchmarks/__init__.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+
+import benchmarks
+from benchmarks import best_time
+
+
+def _format_time(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:8.2f} {unit}"
+    return f"{seconds / 1e-9:8.1f} ns"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--only", default="", help="run cases whose name contains this")
+    args = parser.parse_args()
+    for info in sorted(pkgutil.iter_modules(benchmarks.__path__), key=lambda m: m.name):
+        if not info.name.startswith("bench_"):
+            continue
+        module = importlib.import_module(f"benchmarks.{info.name}")
+        for case in module.cases(args.quick):
+            if args.only not in case.name:
+                continue
+            times = {label: best_time(fn) for label, fn in case.candidates.items()}
+            base = times[case.baseline]
+            print(f"\n{case.name}" + (f"   [target: {case.target}]" if case.target else ""))
+            for label, t in times.items():
+                print(f"  {label:<38}{_format_time(t)}   {t / base:7.2f}x {case.baseline}")
+            for note in case.notes:
+                print(f"  {note}")
+
+
+if __name__ == "__main__":
+    main()
