@@ -4,6 +4,8 @@ Points, intervals or paired scores in; advantages, coefficient sets, recovery ra
 conformal / UCB thresholds out.  See DESIGN.md for the math and ``docs/`` for the guide.
 """
 
+from advcal.bounds import risk_p_value, ucb
+from advcal.conformal import conformal_quantile, conformal_rank
 from advcal.estimators import (
     ESTIMATORS,
     advantages,
@@ -26,6 +28,8 @@ __all__ = [
     "__version__",
     "advantages",
     "batch_std",
+    "conformal_quantile",
+    "conformal_rank",
     "dr_grpo",
     "gpg",
     "groups_from_ids",
@@ -34,5 +38,7 @@ __all__ = [
     "opo",
     "passk",
     "reinforce_pp_baseline",
+    "risk_p_value",
     "rloo",
+    "ucb",
 ]

@@ -66,3 +66,35 @@ def dense_batches(draw: st.DrawFn, *, dtype: type | None = None, bound: float = 
     flat = draw(st.lists(reward_values(dtype, bound=bound), min_size=n_groups * width,
                          max_size=n_groups * width))
     return np.array(flat, dtype=dtype).reshape(n_groups, width)
+
+
+# --- garbage input for the bad-input fuzz tests (issue 4) ---------------------------------
+
+GARBAGE_DTYPES = (np.bool_, np.int8, np.int64, np.uint64, np.float16, np.float32,
+                  np.float64, np.complex128, np.str_, object)
+
+
+@st.composite
+def garbage_arrays(draw: st.DrawFn, *, max_dims: int = 3, max_side: int = 5) -> object:
+    """Anything a careless caller might pass: odd shapes, dtypes, NaN/inf, lists, None."""
+    kind = draw(st.sampled_from(["array", "array", "array", "scalar", "list", "none"]))
+    if kind == "none":
+        return None
+    if kind == "scalar":
+        return draw(st.one_of(st.floats(), st.integers(-(2**70), 2**70), st.booleans(),
+                              st.text(max_size=3), st.complex_numbers()))
+    if kind == "list":  # possibly ragged nested lists
+        return draw(st.lists(st.one_of(st.floats(), st.lists(st.floats(), max_size=3)),
+                             max_size=4))
+    shape = tuple(draw(st.lists(st.integers(0, max_side), max_size=max_dims)))
+    dtype = draw(st.sampled_from(GARBAGE_DTYPES))
+    size = int(np.prod(shape)) if shape else 1
+    raw = draw(st.lists(st.one_of(st.floats(), st.integers(-1000, 1000),
+                                  st.sampled_from([0.0, 0.5, 1.0, -1.0])),
+                        min_size=size, max_size=size))
+    values = np.array(raw, dtype=object).reshape(shape)
+    try:
+        with np.errstate(all="ignore"):
+            return values.astype(dtype)
+    except (ValueError, TypeError, OverflowError):
+        return values
