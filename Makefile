@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
+STAMP_DOCS := $(VENV)/.installed-docs
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,14 @@ test: lint typecheck pytest
 
 bench: $(STAMP_RUN)
 	$(BIN)/python -m benchmarks
+
+$(STAMP_DOCS): requirements-docs.txt | $(STAMP_RUN)
+	$(BIN)/pip install -q -r requirements-docs.txt
+	touch $@
+
+# The documentation site, built strictly (any warning fails) into site/.
+docs: $(STAMP_DOCS)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
