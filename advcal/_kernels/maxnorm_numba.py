@@ -1,0 +1,165 @@
+"""Numba kernels for the Reward-Resolution Protocol and MaxNorm-AC; oracle: ``maxnorm_numpy``.
+
+Kernels trust their inputs (``advcal.resolution`` validated them), loop over groups and
+write only their own group's slice, so results do not depend on the thread count.  All
+arithmetic is float64 whatever the reward dtype.  See ``maxnorm_numpy`` for the meaning
+of the shared arguments and outputs.
+
+``maxnorm`` reads each group twice and writes it once: the first pass finds the group
+mean and the extreme binned rewards, which give ``max |u|`` directly (u is an increasing
+affine map of the binned reward), so the second pass can write ``w = u / s`` at once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from advcal._kernels.modes import FASTMATH, compile_pair
+
+# Below this many rewards a thread launch costs more than it saves.
+PARALLEL_MIN_SIZE = 1 << 16
+
+
+@njit(cache=True, inline="always", fastmath=set(FASTMATH))
+def _bin(v, lo, hi, clip, delta, inv_delta, kmax):
+    """Clip (optionally) and bin one float64 reward; NaN stays NaN."""
+    if clip:
+        if v < lo:
+            v = lo
+        elif v > hi:
+            v = hi
+    if delta == 0.0:
+        return v
+    k = np.rint((v - lo) * inv_delta)
+    if k < 0.0:
+        k = 0.0
+    elif k > kmax:
+        k = kmax
+    b = lo + delta * k
+    return hi if b > hi else b
+
+
+def _resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan,
+             out, keep, rmin, rmax, flag):
+    for q in prange(offsets.size - 1):
+        n = 0
+        bad = 0.0
+        low = math.inf
+        high = -math.inf
+        bmin = math.inf
+        bmax = -math.inf
+        for i in range(offsets[q], offsets[q + 1]):
+            v = np.float64(x[i])
+            if omit_nan and math.isnan(v):
+                out[i] = v
+                continue
+            bad += v - v  # NaN once any valid reward is NaN or inf
+            low = min(low, v)
+            high = max(high, v)
+            b = _bin(v, lo, hi, clip, delta, inv_delta, kmax)
+            out[i] = b
+            bmin = min(bmin, b)
+            bmax = max(bmax, b)
+            n += 1
+        keep[q] = n >= 2 and bmin != bmax
+        rmin[q] = low
+        rmax[q] = high
+        flag[q] = bad
+
+
+def _maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta,
+             inv_delta, kmax, omit_nan, out, scale, amax, keep, rmin, rmax):
+    for q in prange(offsets.size - 1):
+        start = offsets[q]
+        stop = offsets[q + 1]
+        n = 0
+        bad = 0.0
+        low = math.inf
+        high = -math.inf
+        bmin = math.inf
+        bmax = -math.inf
+        shift = 0.0
+        total = 0.0
+        for i in range(start, stop):
+            v = np.float64(x[i])
+            if omit_nan and math.isnan(v):
+                continue
+            bad += v - v
+            low = min(low, v)
+            high = max(high, v)
+            b = _bin(v, lo, hi, clip, delta, inv_delta, kmax)
+            if n == 0:
+                # Deviations from a member: a zero-gap group centers to exact 0.
+                shift = b
+            total += b - shift
+            bmin = min(bmin, b)
+            bmax = max(bmax, b)
+            n += 1
+        rmin[q] = low
+        rmax[q] = high
+        keep[q] = n >= 2 and bmin != bmax
+        scale[q] = tau
+        if bad != 0.0 or n == 0 or (n == 1 and not raw_singletons):
+            for i in range(start, stop):
+                out[i] = 0.0
+            amax[q] = bad  # NaN for a non-finite reward, else 0
+            continue
+        if n == 1:  # verl's convention for a lone response: baseline 0
+            shift = 0.0
+            mean = 0.0
+            factor = 1.0
+        else:
+            mean = total / n
+            factor = n / (n - 1.0) if loo else 1.0
+        m = max(abs(((bmin - shift) - mean) * factor), abs(((bmax - shift) - mean) * factor))
+        if m < dead_zone:
+            m = 0.0
+        s = max(m, tau)
+        scale[q] = s
+        amax[q] = m / s if m - m == 0.0 else math.nan
+        for i in range(start, stop):
+            v = np.float64(x[i])
+            if omit_nan and math.isnan(v):
+                out[i] = 0.0
+                continue
+            b = _bin(v, lo, hi, clip, delta, inv_delta, kmax)
+            u = ((b - shift) - mean) * factor
+            if abs(u) < dead_zone:
+                u = 0.0
+            # The clamp keeps |w| <= 1 when LLVM divides by multiplying with 1/s.
+            out[i] = min(max(u / s, -1.0), 1.0)
+
+
+_resolve_serial, _resolve_parallel = compile_pair(_resolve)
+_maxnorm_serial, _maxnorm_parallel = compile_pair(_maxnorm)
+
+
+def resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan):
+    n_groups = offsets.size - 1
+    out = np.empty_like(x)
+    keep = np.empty(n_groups, dtype=np.bool_)
+    rmin = np.empty(n_groups)
+    rmax = np.empty(n_groups)
+    flag = np.empty(n_groups)
+    kernel = _resolve_parallel if x.size >= PARALLEL_MIN_SIZE else _resolve_serial
+    kernel(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan,
+           out, keep, rmin, rmax, flag)
+    return out, keep, rmin, rmax, flag
+
+
+def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta,
+            inv_delta, kmax, omit_nan):
+    n_groups = offsets.size - 1
+    out = np.empty_like(x)
+    scale = np.empty(n_groups)
+    amax = np.empty(n_groups)
+    keep = np.empty(n_groups, dtype=np.bool_)
+    rmin = np.empty(n_groups)
+    rmax = np.empty(n_groups)
+    kernel = _maxnorm_parallel if x.size >= PARALLEL_MIN_SIZE else _maxnorm_serial
+    kernel(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta,
+           inv_delta, kmax, omit_nan, out, scale, amax, keep, rmin, rmax)
+    return out, scale, amax, keep, rmin, rmax

@@ -1,0 +1,110 @@
+"""Numpy reference engine for the Reward-Resolution Protocol and MaxNorm-AC (DESIGN §3).
+
+The test oracle of ``maxnorm_numba``: one plain loop over groups with whole-group numpy
+operations, written to be checked by eye against DESIGN §3 and ``docs/maxnorm.md``.
+Same functions, signatures and outputs as the numba engine.
+
+Shared arguments (validated by ``advcal.resolution``):
+
+* ``lo, hi``: the reward bounds (``-inf, inf`` when none); ``clip`` clips into them.
+* ``delta, inv_delta, kmax``: the resolution, its reciprocal and the top bin index;
+  ``delta == 0`` switches binning off.  Bin index ``k = rint((r - lo) * inv_delta)``
+  clamped to ``[0, kmax]``, binned reward ``min(lo + delta * k, hi)``.
+* ``omit_nan``: NaN rewards are left out of the group and get 0 (``maxnorm``) or stay
+  NaN (``resolve``).
+
+Per-group outputs used by the wrappers for O(B) checks: ``rmin``/``rmax`` (smallest and
+largest valid raw reward, ``+inf``/``-inf`` for an empty group) for the bounds check, and
+a flag that is NaN when a group held a non-finite valid reward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _groups(x, offsets, omit_nan):
+    """Yield (q, slice, valid mask, valid raw rewards as float64) for every group."""
+    for q in range(offsets.size - 1):
+        sl = slice(offsets[q], offsets[q + 1])
+        g = x[sl].astype(np.float64)
+        valid = ~np.isnan(g) if omit_nan else np.ones(g.size, dtype=bool)
+        yield q, sl, valid, g[valid]
+
+
+def _bin(r, lo, hi, clip, delta, inv_delta, kmax):
+    """Clip (optionally) and bin float64 rewards (DESIGN §3)."""
+    if clip:
+        r = np.clip(r, lo, hi)
+    if delta == 0.0:
+        return r
+    with np.errstate(invalid="ignore"):
+        k = np.clip(np.rint((r - lo) * inv_delta), 0.0, kmax)
+        return np.minimum(lo + delta * k, hi)
+
+
+def _extremes(r):
+    if r.size == 0:
+        return np.inf, -np.inf
+    return float(np.min(r)), float(np.max(r))
+
+
+def _flag(r):
+    return 0.0 if np.isfinite(r).all() else np.nan
+
+
+def resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan):
+    """Binned rewards (NaN kept where omitted), ``keep``, ``rmin``, ``rmax``, ``flag``."""
+    n_groups = offsets.size - 1
+    out = np.empty_like(x)
+    keep = np.zeros(n_groups, dtype=np.bool_)
+    rmin = np.full(n_groups, np.inf)
+    rmax = np.full(n_groups, -np.inf)
+    flag = np.zeros(n_groups)
+    for q, sl, valid, r in _groups(x, offsets, omit_nan):
+        rmin[q], rmax[q] = _extremes(r)
+        flag[q] = _flag(r)
+        b = _bin(r, lo, hi, clip, delta, inv_delta, kmax)
+        group = np.full(valid.size, np.nan)
+        group[valid] = b
+        out[sl] = group
+        keep[q] = b.size >= 2 and np.min(b) != np.max(b)
+    return out, keep, rmin, rmax, flag
+
+
+def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta,
+            inv_delta, kmax, omit_nan):
+    """MaxNorm-AC weights, ``scale`` s_q, ``amax`` (max |w|, NaN if non-finite),
+    ``keep``, ``rmin``, ``rmax``."""
+    n_groups = offsets.size - 1
+    out = np.zeros_like(x)
+    scale = np.full(n_groups, tau)
+    amax = np.zeros(n_groups)
+    keep = np.zeros(n_groups, dtype=np.bool_)
+    rmin = np.full(n_groups, np.inf)
+    rmax = np.full(n_groups, -np.inf)
+    for q, sl, valid, r in _groups(x, offsets, omit_nan):
+        n = r.size
+        rmin[q], rmax[q] = _extremes(r)
+        if not np.isfinite(r).all():
+            amax[q] = np.nan
+            continue
+        b = _bin(r, lo, hi, clip, delta, inv_delta, kmax)
+        keep[q] = n >= 2 and np.min(b) != np.max(b)
+        if n == 0 or (n == 1 and not raw_singletons):
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            if n == 1:  # verl's convention for a lone response: baseline 0
+                u = b
+            else:
+                # Deviations from a member first: a zero-gap group centers to exact 0.
+                d = b - b[0]
+                u = (d - d.mean()) * (n / (n - 1.0) if loo else 1.0)
+            u = np.where(np.abs(u) < dead_zone, 0.0, u)
+            s = max(float(np.max(np.abs(u))), tau)
+            w = np.clip(u / s, -1.0, 1.0)
+        scale[q] = s
+        out[sl][valid] = w
+        m = float(np.max(np.abs(u)))
+        amax[q] = m / s if np.isfinite(m) else np.nan
+    return out, scale, amax, keep, rmin, rmax
