@@ -1,0 +1,188 @@
+"""Torch tensors in, torch tensors out: advcal's estimators for trainers that live in torch.
+
+``import advcal`` never imports torch; this module imports it when one of its functions is
+called, so it is usable only where torch is installed (an optional dependency).
+
+Every function here moves its tensor arguments to host numpy arrays, calls the numpy
+function of the same name, and returns tensors on the device of the main input
+(``rewards`` or ``lo``) with its floating dtype.  bfloat16 and float16 input is computed in
+float32 (numpy has no bfloat16) and cast back; integer and boolean rewards give float64,
+as in the numpy API.  The results are constants for the loss (advantages carry no gradient),
+so they never require grad.  Any other tensor argument (``offsets``, ``group_ids``,
+``lengths``, ``token_counts``, ...) is converted to numpy as well.
+
+The copy to the host is the price of reusing one set of kernels for every framework: for the
+batch sizes of RL fine-tuning (thousands of rewards) it is microseconds next to a
+generation step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+import numpy as np
+
+__all__ = ["advantages", "to_numpy", "from_numpy"]
+
+_HALF_NAMES = ("bfloat16", "float16")
+
+
+def _torch() -> Any:
+    try:
+        return importlib.import_module("torch")
+    except ImportError:  # pragma: no cover - exercised only without torch
+        raise ImportError(
+            "advcal.torch needs PyTorch; install it (pip install torch) or call the numpy "
+            "functions of advcal directly."
+        ) from None
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = _torch()
+    return bool(torch.is_tensor(value))
+
+
+def to_numpy(tensor: Any, name: str = "tensor") -> np.ndarray:
+    """A host numpy copy-or-view of a tensor; half precision is widened to float32.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        Any device and dtype; it is detached from the autograd graph.
+    name : str, default "tensor"
+        The argument name used in error messages.
+
+    Returns
+    -------
+    ndarray
+        float32 for bfloat16/float16 tensors, otherwise the numpy twin of the tensor's dtype.
+
+    Examples
+    --------
+    >>> import pytest; torch = pytest.importorskip("torch")
+    >>> from advcal.torch import to_numpy
+    >>> to_numpy(torch.tensor([0.5, 0.25], dtype=torch.bfloat16))
+    array([0.5 , 0.25], dtype=float32)
+    """
+    torch = _torch()
+    if not torch.is_tensor(tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor; got {type(tensor).__name__}.")
+    host = tensor.detach()
+    if host.is_complex():
+        raise TypeError(f"`{name}` must hold real numbers; got dtype {host.dtype}.")
+    if str(host.dtype).removeprefix("torch.") in _HALF_NAMES:
+        host = host.float()
+    return np.asarray(host.cpu().numpy())
+
+
+def from_numpy(array: Any, like: Any) -> Any:
+    """A tensor from a numpy result, on ``like``'s device and, if floating, in its dtype.
+
+    Floating results take the floating dtype of ``like`` (so bfloat16 input gives bfloat16
+    output); when ``like`` is not floating they keep their own dtype.  Boolean and integer
+    results (masks, counts) keep theirs.  Tuples (named or plain) and frozen dataclasses
+    of arrays are converted field by field; scalars and other values pass through.
+
+    Parameters
+    ----------
+    array : ndarray, tuple, dataclass or scalar
+        A result of one of advcal's numpy functions.
+    like : torch.Tensor
+        The tensor whose device and floating dtype the result takes.
+
+    Returns
+    -------
+    torch.Tensor or the same container of tensors
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import pytest; torch = pytest.importorskip("torch")
+    >>> from advcal.torch import from_numpy
+    >>> from_numpy(np.array([1.0, -1.0]), torch.zeros(2, dtype=torch.float16))
+    tensor([ 1., -1.], dtype=torch.float16)
+    """
+    torch = _torch()
+    if isinstance(array, np.ndarray):
+        out = torch.from_numpy(np.ascontiguousarray(array))
+        if out.is_floating_point() and like.is_floating_point():
+            return out.to(device=like.device, dtype=like.dtype)
+        return out.to(device=like.device)
+    if isinstance(array, tuple):
+        converted = [from_numpy(item, like) for item in array]
+        return type(array)(*converted) if hasattr(array, "_fields") else tuple(converted)
+    if dataclasses.is_dataclass(array) and not isinstance(array, type):
+        fields = {
+            f.name: from_numpy(getattr(array, f.name), like)
+            for f in dataclasses.fields(array)
+            if f.init
+        }
+        return dataclasses.replace(array, **fields)
+    return array
+
+
+def _host_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        key: to_numpy(value, key) if _is_tensor(value) else value
+        for key, value in kwargs.items()
+    }
+
+
+def _host_optional(value: Any, name: str) -> Any:
+    return to_numpy(value, name) if value is not None and _is_tensor(value) else value
+
+
+def advantages(
+    rewards: Any,
+    offsets: Any = None,
+    *,
+    method: str = "grpo",
+    group_ids: Any = None,
+    **kwargs: Any,
+) -> Any:
+    """:func:`advcal.advantages` on torch tensors.
+
+    Parameters
+    ----------
+    rewards : torch.Tensor, shape (B, G) or (N,)
+        Rewards on any device; 1-D needs ``offsets`` or ``group_ids``.
+    offsets : torch.Tensor or array_like of int, shape (B + 1,), optional
+        CSR group boundaries for 1-D ``rewards``.
+    method : str, default "grpo"
+        A key of :data:`advcal.ESTIMATORS` (``"grpo"``, ``"rloo"``, ``"maxnorm"``, ...).
+    group_ids : torch.Tensor or sequence of hashable, optional
+        Per-response group labels (verl's ``uid``) for 1-D ``rewards``.
+    **kwargs
+        Options of the chosen estimator (``eps``, ``singleton``, ``lengths``, ...);
+        tensors among them are converted too.
+
+    Returns
+    -------
+    torch.Tensor
+        Advantages with the device, shape and (floating) dtype of ``rewards``.
+
+    Examples
+    --------
+    >>> import pytest; torch = pytest.importorskip("torch")
+    >>> import advcal.torch as act
+    >>> rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
+    >>> act.advantages(rewards, method="rloo")
+    tensor([[ 0.6667, -0.6667, -0.6667,  0.6667],
+            [ 0.0000,  0.0000,  0.0000,  0.0000]])
+    >>> act.advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), group_ids=torch.tensor([7, 7, 9, 9]),
+    ...                method="dr_grpo")
+    tensor([ 0.5000, -0.5000,  0.0000,  0.0000])
+    """
+    from advcal.estimators import advantages as np_advantages
+
+    host = to_numpy(rewards, "rewards")
+    result = np_advantages(
+        host,
+        _host_optional(offsets, "offsets"),
+        method=method,
+        group_ids=_host_optional(group_ids, "group_ids"),
+        **_host_kwargs(kwargs),
+    )
+    return from_numpy(result, rewards)

@@ -1,0 +1,153 @@
+"""advcal.torch: tensors in, tensors out, same numbers as the numpy API."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import advcal
+
+torch = pytest.importorskip("torch")
+import advcal.torch as act  # noqa: E402
+
+FLOAT_DTYPES = [torch.float32, torch.float64]
+HALF_DTYPES = [torch.bfloat16, torch.float16]
+
+
+def test_import_advcal_does_not_import_torch() -> None:
+    code = "import sys, advcal; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("method", ["grpo", "dr_grpo", "rloo", "batch_std", "passk"])
+def test_dense_matches_numpy_and_keeps_dtype(dtype: torch.dtype, method: str) -> None:
+    rewards = torch.tensor([[1.0, 0.0, 0.25, 1.0], [0.1, 0.1, 0.1, 0.1], [0.3, 0.9, 0.2, 0.5]],
+                           dtype=dtype)
+    out = act.advantages(rewards, method=method)
+    expected = advcal.advantages(rewards.numpy(), method=method)
+    assert isinstance(out, torch.Tensor)
+    assert out.dtype == dtype and out.device == rewards.device and out.shape == rewards.shape
+    np.testing.assert_array_equal(out.numpy(), expected)
+    assert (out[1] == 0).all()  # zero-variance group stays exactly zero through the wrapper
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_half_precision_is_computed_in_float32_and_cast_back(dtype: torch.dtype) -> None:
+    rewards = torch.tensor([[1.0, 0.0, 0.5, 0.75], [0.1, 0.1, 0.1, 0.1]], dtype=dtype)
+    out = act.advantages(rewards, method="grpo", eps=1e-4)
+    assert out.dtype == dtype
+    wide = advcal.grpo(rewards.float().numpy(), eps=1e-4)
+    assert wide.dtype == np.float32
+    expected = torch.from_numpy(wide).to(dtype)
+    assert torch.equal(out, expected)
+    assert (out[1] == 0).all()
+
+
+def test_ragged_offsets_and_group_ids_as_tensors() -> None:
+    flat = torch.tensor([1.0, 0.0, 0.5, 3.0, 2.0, 2.0, 5.0])
+    offsets = torch.tensor([0, 3, 3, 6, 7])
+    out = act.advantages(flat, offsets, method="rloo")
+    np.testing.assert_array_equal(
+        out.numpy(), advcal.rloo(flat.numpy(), offsets=offsets.numpy())
+    )
+    ids = torch.tensor([4, 2, 4, 2, 9])
+    values = torch.tensor([1.0, 0.0, 0.0, 1.0, 7.0], dtype=torch.float64)
+    by_ids = act.advantages(values, group_ids=ids, method="grpo", singleton="raw")
+    expected = advcal.grpo(values.numpy(), group_ids=[4, 2, 4, 2, 9], singleton="raw")
+    np.testing.assert_array_equal(by_ids.numpy(), expected)
+    by_list = act.advantages(values, group_ids=["a", "b", "a", "b", "c"], method="grpo")
+    np.testing.assert_array_equal(by_list.numpy(), advcal.grpo(values.numpy(),
+                                                                group_ids=list("abab") + ["c"]))
+
+
+def test_tensor_keyword_arguments_are_converted() -> None:
+    rewards = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
+    lengths = torch.tensor([[10, 30, 20], [5, 5, 40]])
+    out = act.advantages(rewards, method="opo", lengths=lengths)
+    expected = advcal.opo(rewards.numpy(), lengths=lengths.numpy())
+    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=0)
+    whitened = act.advantages(rewards, method="reinforce_pp_baseline", token_counts=lengths)
+    np.testing.assert_array_equal(
+        whitened.numpy(),
+        advcal.reinforce_pp_baseline(rewards.numpy(), token_counts=lengths.numpy()),
+    )
+
+
+def test_result_is_a_constant_and_input_untouched() -> None:
+    rewards = torch.tensor([[1.0, 0.0, 0.5]], requires_grad=True)
+    before = rewards.detach().clone()
+    out = act.advantages(rewards)
+    assert not out.requires_grad and out.grad_fn is None
+    assert torch.equal(rewards.detach(), before)
+
+
+def test_integer_rewards_give_float64() -> None:
+    out = act.advantages(torch.tensor([[1, 0, 0, 1]]), method="dr_grpo")
+    assert out.dtype == torch.float64
+    np.testing.assert_array_equal(out.numpy(), [[0.5, -0.5, -0.5, 0.5]])
+
+
+def test_results_follow_the_device_of_the_input() -> None:
+    # The meta device stands in for an accelerator: placement logic, no arithmetic.
+    like = torch.empty(3, device="meta", dtype=torch.bfloat16)
+    out = act.from_numpy(np.array([1.0, 2.0, 3.0]), like)
+    assert out.device.type == "meta" and out.dtype == torch.bfloat16
+    mask = act.from_numpy(np.array([True, False]), like)
+    assert mask.device.type == "meta" and mask.dtype == torch.bool
+
+
+def test_containers_are_converted_field_by_field() -> None:
+    from typing import NamedTuple
+
+    class Pair(NamedTuple):
+        weights: np.ndarray
+        keep: np.ndarray
+        count: int
+
+    like = torch.zeros(1, dtype=torch.float16)
+    pair = act.from_numpy(Pair(np.array([0.5]), np.array([True]), 3), like)
+    assert isinstance(pair, Pair) and pair.count == 3
+    assert pair.weights.dtype == torch.float16 and pair.keep.dtype == torch.bool
+    plain = act.from_numpy((np.array([1.0]), 2.5), like)
+    assert isinstance(plain, tuple) and plain[1] == 2.5
+
+
+def test_non_tensor_rewards_are_a_type_error() -> None:
+    with pytest.raises(TypeError, match=r"^`rewards` must be a torch.Tensor; got ndarray\.$"):
+        act.advantages(np.zeros((2, 3)))
+    with pytest.raises(TypeError, match=r"^`rewards` must hold real numbers; got dtype "
+                                        r"torch.complex64\.$"):
+        act.advantages(torch.zeros((2, 3), dtype=torch.complex64))
+
+
+def test_numpy_errors_pass_through_unchanged() -> None:
+    with pytest.raises(ValueError, match="^`rewards` contain NaN"):
+        act.advantages(torch.tensor([[1.0, float("nan")]]))
+    with pytest.raises(ValueError, match="^`method` must be one of"):
+        act.advantages(torch.zeros((1, 2)), method="ppo")
+    with pytest.raises(ValueError, match=r"^`offsets\[-1\]` must equal the number of rewards"):
+        act.advantages(torch.zeros(3), torch.tensor([0, 2]))
+
+
+@given(
+    sizes=st.lists(st.integers(0, 6), min_size=1, max_size=6),
+    seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from(FLOAT_DTYPES + HALF_DTYPES),
+    method=st.sampled_from(["grpo", "dr_grpo", "rloo"]),
+)
+def test_ragged_property_matches_numpy(sizes: list[int], seed: int, dtype: torch.dtype,
+                                       method: str) -> None:
+    offsets = advcal.offsets_from_sizes(sizes)
+    rng = np.random.default_rng(seed)
+    values = torch.from_numpy(rng.uniform(-2.0, 2.0, int(offsets[-1]))).to(dtype)
+    out = act.advantages(values, torch.from_numpy(offsets), method=method)
+    host = values.float().numpy() if dtype in HALF_DTYPES else values.numpy()
+    expected = torch.from_numpy(advcal.advantages(host, offsets, method=method)).to(dtype)
+    assert out.dtype == dtype and out.shape == values.shape
+    assert torch.equal(out, expected)
