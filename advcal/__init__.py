@@ -5,7 +5,13 @@ conformal / UCB thresholds out.  See DESIGN.md for the math and ``docs/`` for th
 """
 
 from advcal.bounds import risk_p_value, ucb
-from advcal.conformal import conformal_quantile, conformal_rank
+from advcal.conformal import (
+    RangeCalibration,
+    RewardRanges,
+    calibrate_ranges,
+    conformal_quantile,
+    conformal_rank,
+)
 from advcal.estimators import (
     ESTIMATORS,
     advantages,
@@ -26,11 +32,14 @@ __version__ = "0.1.0"
 __all__ = [
     "ESTIMATORS",
     "GroupIndex",
+    "RangeCalibration",
+    "RewardRanges",
     "MaxNormResult",
     "ResolvedRewards",
     "__version__",
     "advantages",
     "batch_std",
+    "calibrate_ranges",
     "conformal_quantile",
     "conformal_rank",
     "dr_grpo",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -40,9 +40,10 @@ def check_real(
     high_inclusive: bool = True,
 ) -> float:
     """Return ``value`` as a finite Python float within the given bounds."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`{name}` must be a real number; got {type(value).__name__}.")
-    value = float(value)
+    if type(value) is not float:  # the common case skips the slow ABC checks
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"`{name}` must be a real number; got {type(value).__name__}.")
+        value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"`{name}` must be finite; got {value}.")
     too_low = low is not None and (value < low if low_inclusive else value <= low)
@@ -58,9 +59,10 @@ def check_real(
 
 def check_int(value: Any, name: str, *, choices: Sequence[int] | None = None) -> int:
     """Return ``value`` as a Python int, optionally restricted to ``choices``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"`{name}` must be an integer; got {type(value).__name__}.")
-    value = int(value)
+    if type(value) is not int:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"`{name}` must be an integer; got {type(value).__name__}.")
+        value = int(value)
     if choices is not None and value not in choices:
         raise ValueError(f"`{name}` must be one of {tuple(choices)}; got {value}.")
     return value
@@ -72,6 +74,8 @@ def as_float_array(values: Any, name: str) -> np.ndarray:
     float16 is promoted to float32 (numba has no float16 arithmetic); booleans and
     integers to float64.  Complex, string and object input is a ``TypeError``.
     """
+    if type(values) is np.ndarray and values.dtype.char in "fd":
+        return values  # float32/float64 ndarray: nothing to convert
     try:
         arr = np.asarray(values)
     except (TypeError, ValueError) as exc:  # ragged nested lists and the like
@@ -109,19 +113,24 @@ def check_offsets(offsets: Any, n_values: int) -> np.ndarray:
     return arr
 
 
-@dataclass(frozen=True)
 class Batch:
     """Rewards normalized to the ragged layout, plus what is needed to undo it.
 
     ``values`` is flat, contiguous and grouped (group q is
     ``values[offsets[q]:offsets[q + 1]]``); ``shape`` is the caller's shape for dense
-    input; ``order`` is the permutation that grouped ``group_ids`` input.
+    input; ``order`` is the permutation that grouped ``group_ids`` input.  (A plain
+    slotted class: a frozen dataclass's __init__ alone costs a microsecond per call.)
     """
 
-    values: np.ndarray
-    offsets: np.ndarray
-    shape: tuple[int, ...] | None = None
-    order: np.ndarray | None = None
+    __slots__ = ("values", "offsets", "shape", "order")
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray,
+                 shape: tuple[int, ...] | None = None, order: np.ndarray | None = None
+                 ) -> None:
+        self.values = values
+        self.offsets = offsets
+        self.shape = shape
+        self.order = order
 
     @property
     def n_groups(self) -> int:
@@ -153,6 +162,14 @@ class Batch:
         return flat
 
 
+@lru_cache(maxsize=64)
+def _dense_offsets(n_groups: int, width: int) -> np.ndarray:
+    """Offsets of a dense (B, G) batch; cached (read-only) since trainers reuse one shape."""
+    offsets = np.arange(n_groups + 1, dtype=np.int64) * width
+    offsets.flags.writeable = False
+    return offsets
+
+
 def as_batch(rewards: Any, offsets: Any, group_ids: Any, *, name: str = "rewards") -> Batch:
     """Normalize ``(rewards, offsets, group_ids)`` in either layout (DESIGN §1)."""
     values = as_float_array(rewards, name)
@@ -162,10 +179,8 @@ def as_batch(rewards: Any, offsets: Any, group_ids: Any, *, name: str = "rewards
                 f"`offsets` and `group_ids` apply to 1-D `{name}` only; "
                 f"2-D `{name}` are grouped by row."
             )
-        n_groups, width = values.shape
         flat = np.ascontiguousarray(values).reshape(-1)
-        dense_offsets = np.arange(n_groups + 1, dtype=np.int64) * width
-        return Batch(flat, dense_offsets, shape=values.shape)
+        return Batch(flat, _dense_offsets(*values.shape), shape=values.shape)
     if values.ndim != 1:
         raise ValueError(f"`{name}` must be 1-D (with offsets or group_ids) or 2-D; "
                          f"got {values.ndim}-D.")

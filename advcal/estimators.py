@@ -117,20 +117,31 @@ def raise_bad_values(values: np.ndarray, omit_nan: bool, name: str = "rewards") 
     )
 
 
-def _finish(call: _Call, out: np.ndarray, amax: np.ndarray) -> np.ndarray:
-    # amax is NaN/inf where a group held a non-finite reward, and beyond the dtype's
-    # range where the cast to the output dtype overflowed: one O(B) check for both.
-    if amax.size and not (amax <= np.finfo(out.dtype).max).all():
+_DTYPE_MAX = {np.dtype(np.float32): float(np.finfo(np.float32).max),
+              np.dtype(np.float64): float(np.finfo(np.float64).max)}
+
+
+def _limit(call: _Call) -> float:
+    """Largest |advantage| the output dtype holds: the kernels flag anything beyond it."""
+    return _DTYPE_MAX[call.batch.values.dtype]
+
+
+def _finish(call: _Call, result: tuple[np.ndarray, np.ndarray, np.ndarray, bool]
+            ) -> np.ndarray:
+    out, _, _, ok = result
+    # Not ok: a group held a non-finite reward (its amax is NaN) or an advantage
+    # overflowed the output dtype; find out which, on this error path only.
+    if not ok:
         raise_bad_values(call.batch.values, call.omit)
     return call.batch.restore(out)
 
 
 def _center_scale(call: _Call, mode: int, *, eps: float = 0.0, ddof: int = 1,
                   divisor: float = 1.0) -> np.ndarray:
-    out, _, amax = call.engine.center_scale(
-        call.batch.values, call.batch.offsets, mode, eps, ddof, call.raw, call.omit, divisor
-    )
-    return _finish(call, out, amax)
+    return _finish(call, call.engine.center_scale(
+        call.batch.values, call.batch.offsets, mode, eps, ddof, call.raw, call.omit, divisor,
+        _limit(call),
+    ))
 
 
 def _check_eps_ddof(eps: Any, ddof: Any) -> tuple[float, int]:
@@ -180,10 +191,10 @@ def grpo(
     >>> import numpy as np
     >>> from advcal import grpo
     >>> grpo(np.array([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]]))
-    array([[ 0.866025, -0.866025, -0.866025,  0.866025],
-           [ 0.      ,  0.      ,  0.      ,  0.      ]])
+    array([[ 0.8660239, -0.8660239, -0.8660239,  0.8660239],
+           [ 0.       ,  0.       ,  0.       ,  0.       ]])
     >>> grpo([1.0, 0.0, 3.0], group_ids=["a", "a", "b"], singleton="raw")
-    array([ 0.707106, -0.707106,  2.999997])
+    array([ 0.70710578, -0.70710578,  2.999997  ])
     """
     eps, ddof = _check_eps_ddof(eps, ddof)
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
@@ -298,9 +309,9 @@ def batch_std(
     Examples
     --------
     >>> from advcal import batch_std
-    >>> batch_std([[0.0, 2.0], [1.0, 1.0]], eps=0.0)
-    array([[-1.,  1.],
-           [ 0.,  0.]])
+    >>> batch_std([[0.0, 2.0], [1.0, 1.0]], eps=0.0, ddof=0)
+    array([[-1.41421356,  1.41421356],
+           [ 0.        ,  0.        ]])
     """
     eps, ddof = _check_eps_ddof(eps, ddof)
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
@@ -411,10 +422,9 @@ def opo(
     weights = call.batch.gather(lengths, "lengths")
     if not (np.isfinite(weights).all() and (weights > 0).all()):
         raise ValueError("`lengths` must be finite and positive.")
-    out, _, amax = call.engine.opo(
-        call.batch.values, weights, call.batch.offsets, call.raw, call.omit
-    )
-    return _finish(call, out, amax)
+    return _finish(call, call.engine.opo(
+        call.batch.values, weights, call.batch.offsets, call.raw, call.omit, _limit(call)
+    ))
 
 
 def gpg(
@@ -494,10 +504,9 @@ def passk(
     """
     eps, ddof = _check_eps_ddof(eps, ddof)
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
-    out, _, amax = call.engine.passk(
-        call.batch.values, call.batch.offsets, eps, ddof, call.raw, call.omit
-    )
-    return _finish(call, out, amax)
+    return _finish(call, call.engine.passk(
+        call.batch.values, call.batch.offsets, eps, ddof, call.raw, call.omit, _limit(call)
+    ))
 
 
 ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {

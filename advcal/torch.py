@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["advantages", "to_numpy", "from_numpy"]
+__all__ = ["advantages", "maxnorm", "to_numpy", "from_numpy"]
 
 _HALF_NAMES = ("bfloat16", "float16")
 
@@ -183,6 +183,56 @@ def advantages(
         _host_optional(offsets, "offsets"),
         method=method,
         group_ids=_host_optional(group_ids, "group_ids"),
+        **_host_kwargs(kwargs),
+    )
+    return from_numpy(result, rewards)
+
+
+def maxnorm(
+    rewards: Any,
+    offsets: Any = None,
+    *,
+    group_ids: Any = None,
+    tau_res: float,
+    **kwargs: Any,
+) -> Any:
+    """:func:`advcal.maxnorm` (MaxNorm-AC weights) on torch tensors.
+
+    Parameters
+    ----------
+    rewards : torch.Tensor, shape (B, G) or (N,)
+        Rewards on any device; 1-D needs ``offsets`` or ``group_ids``.
+    offsets, group_ids
+        As in :func:`advantages`.
+    tau_res : float
+        The scale floor in reward units.
+    **kwargs
+        Further options of :func:`advcal.maxnorm` (``baseline``, ``resolution``,
+        ``dead_zone``, ``return_scale``, ``bounds``, ``clip``, ...).
+
+    Returns
+    -------
+    torch.Tensor or MaxNormResult of tensors
+        The weights ``w`` with the device, shape and floating dtype of ``rewards``; with
+        ``return_scale=True`` a :class:`advcal.MaxNormResult` whose per-group ``scale`` is
+        a tensor on the same device and in the same floating dtype.
+
+    Examples
+    --------
+    >>> import pytest; torch = pytest.importorskip("torch")
+    >>> import advcal.torch as act
+    >>> act.maxnorm(torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.70, 0.70, 0.70, 0.71]]),
+    ...             tau_res=0.1)
+    tensor([[ 1.0000, -1.0000, -1.0000,  1.0000],
+            [-0.0333, -0.0333, -0.0333,  0.1000]])
+    """
+    from advcal.resolution import maxnorm as np_maxnorm
+
+    result = np_maxnorm(
+        to_numpy(rewards, "rewards"),
+        _host_optional(offsets, "offsets"),
+        group_ids=_host_optional(group_ids, "group_ids"),
+        tau_res=tau_res,
         **_host_kwargs(kwargs),
     )
     return from_numpy(result, rewards)

@@ -43,7 +43,7 @@ def numpy_rloo_ragged(x: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 def _kernel(x: np.ndarray, offsets: np.ndarray, mode: int) -> object:
-    return point_numba.center_scale(x, offsets, mode, 1e-6, 1, False, False, 1.0)
+    return point_numba.center_scale(x, offsets, mode, 1e-6, 1, False, False, 1.0, np.inf)
 
 
 def cases(quick: bool) -> list[Case]:
@@ -81,16 +81,16 @@ def cases(quick: bool) -> list[Case]:
     sizes = sizes[keep]
     sizes[-1] += n - int(sizes.sum())
     ragged_offsets = advcal.offsets_from_sizes(sizes)
-    for name, mode, peer_dense, peer_ragged in (
-        ("grpo", GRPO, numpy_grpo_dense, numpy_grpo_ragged),
-        ("rloo", RLOO, numpy_rloo_dense, numpy_rloo_ragged),
+    for name, public, mode, peer_dense, peer_ragged in (
+        ("grpo", advcal.grpo, GRPO, numpy_grpo_dense, numpy_grpo_ragged),
+        ("rloo", advcal.rloo, RLOO, numpy_rloo_dense, numpy_rloo_ragged),
     ):
         out.append(Case(
             f"{name}, 2**{n.bit_length() - 1} float64 rewards, dense groups of 16",
             {
                 "memory copy": lambda: big.copy(),
                 "numba kernel": lambda m=mode: _kernel(big, dense_offsets, m),
-                f"advcal.{name} public call": lambda f=getattr(advcal, name): f(dense),
+                f"advcal.{name} public call": lambda f=public: f(dense),
                 "numpy-vectorized peer": lambda f=peer_dense: f(dense),
             },
             baseline="memory copy",
@@ -101,8 +101,7 @@ def cases(quick: bool) -> list[Case]:
             {
                 "memory copy": lambda: big.copy(),
                 "numba kernel": lambda m=mode: _kernel(big, ragged_offsets, m),
-                f"advcal.{name} public call": lambda f=getattr(advcal, name): f(
-                    big, ragged_offsets),
+                f"advcal.{name} public call": lambda f=public: f(big, ragged_offsets),
                 "numpy-vectorized peer": lambda f=peer_ragged: f(big, ragged_offsets),
             },
             baseline="memory copy",

@@ -11,7 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from advcal import conformal_quantile, conformal_rank
+from advcal import (
+    RewardRanges,
+    calibrate_ranges,
+    conformal_quantile,
+    conformal_rank,
+)
 from tests.strategies import garbage_arrays
 
 
@@ -131,3 +136,264 @@ def test_quantile_garbage_input(scores, alpha):
     out = own_error_or_result(conformal_quantile, scores, alpha)
     if out is not None:
         assert isinstance(out, float) and not math.isnan(out)
+
+
+# --------------------------------------------------------------------------- reward ranges
+
+
+def test_absolute_ranges_by_hand():
+    judge = np.array([0.2, 0.4, 0.6, 0.8, 0.5, 0.3, 0.9, 0.1, 0.7])
+    reference = np.array([0.25, 0.3, 0.6, 1.0, 0.45, 0.4, 0.8, 0.0, 0.75])
+    cal = calibrate_ranges(judge, reference, alpha=0.2)
+    # scores .05 .1 0 .2 .05 .1 .1 .1 .05; k = ceil(10 * 0.8) = 8 -> sorted[7] = 0.1
+    np.testing.assert_allclose(np.sort(cal.scores), [0, .05, .05, .05, .1, .1, .1, .1, .2])
+    assert cal.radius[None] == pytest.approx(0.1)
+    assert (cal.method, cal.alpha, cal.bounds) == ("absolute", 0.2, (0.0, 1.0))
+    lo, hi = cal.ranges([0.5, 0.95, 0.02])
+    np.testing.assert_allclose(lo, [0.4, 0.85, 0.0])
+    np.testing.assert_allclose(hi, [0.6, 1.0, 0.12])
+    assert isinstance(cal.ranges([0.5]), RewardRanges)
+
+
+def test_normalized_and_cqr_by_hand():
+    judge = np.array([0.5, 0.5, 0.5])
+    reference = np.array([0.6, 0.3, 0.5])
+    sigma = np.array([0.1, 0.4, 1.0])
+    # scores |y - s| / sigma = 1.0, 0.5, 0.0; alpha = 0.5: k = ceil(2) = 2 -> 0.5
+    cal = calibrate_ranges(judge, reference, alpha=0.5, method="normalized", sigma=sigma)
+    assert cal.radius[None] == pytest.approx(0.5)
+    lo, hi = cal.ranges([0.5, 0.5], sigma=[0.2, 2.0])
+    np.testing.assert_allclose(lo, [0.4, 0.0])
+    np.testing.assert_allclose(hi, [0.6, 1.0])
+    lower = np.array([0.4, 0.4, 0.0])
+    upper = np.array([0.5, 0.6, 0.2])
+    # scores max(lower - y, y - upper) = 0.1, 0.1, 0.3; k = 2 -> 0.1
+    cal = calibrate_ranges(None, reference, alpha=0.5, method="cqr", lower=lower, upper=upper)
+    assert cal.radius[None] == pytest.approx(0.1)
+    lo, hi = cal.ranges(None, lower=[0.3, 0.95], upper=[0.35, 0.99])
+    np.testing.assert_allclose(lo, [0.2, 0.85])
+    np.testing.assert_allclose(hi, [0.45, 1.0])
+
+
+def test_cqr_negative_radius_never_crosses():
+    # Every reference inside its quantile band: negative scores, negative radius.
+    reference = np.array([0.5, 0.5, 0.5, 0.5])
+    cal = calibrate_ranges(None, reference, alpha=0.5, method="cqr",
+                           lower=[0.3, 0.2, 0.1, 0.45], upper=[0.7, 0.8, 0.9, 0.55])
+    q = cal.radius[None]
+    assert q == pytest.approx(-0.2)  # scores -0.2, -0.3, -0.4, -0.05; k = ceil(2.5) = 3
+    lo, hi = cal.ranges(None, lower=[0.3, 0.45], upper=[0.7, 0.55])
+    np.testing.assert_allclose(lo, [0.5, 0.5])  # [0.5, 0.5] and the crossed [0.65, 0.35]
+    np.testing.assert_allclose(hi, [0.5, 0.5])
+    assert (lo <= hi).all()
+
+
+def test_infinite_radius_gives_the_whole_bounds():
+    cal = calibrate_ranges([0.5, 0.5], [0.4, 0.6], alpha=0.1, bounds=(-1.0, 2.0))
+    assert cal.radius[None] == math.inf
+    for method, kwargs in (("absolute", {}), ("normalized", {"sigma": [1.0]})):
+        c = calibrate_ranges([0.5], [0.4], alpha=0.1, method=method,
+                             **({"sigma": [2.0]} if method == "normalized" else {}))
+        lo, hi = c.ranges([0.3], **kwargs)
+        assert (lo[0], hi[0]) == (0.0, 1.0)
+    lo, hi = cal.ranges([0.3])
+    assert (lo[0], hi[0]) == (-1.0, 2.0)
+
+
+def test_mondrian_radius_per_category():
+    judge = np.array([0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    reference = np.array([0.4, 0.45, 0.5, 0.0, 1.0, 0.2])
+    cats = ["easy", "easy", "easy", "hard", "hard", "hard"]
+    cal = calibrate_ranges(judge, reference, alpha=0.5, categories=cats)
+    # k = ceil(4 * 0.5) = 2 in each category: easy .1 .05 0 -> .05; hard .5 .5 .3 -> .5
+    assert dict(cal.radius) == pytest.approx({"easy": 0.05, "hard": 0.5})
+    lo, hi = cal.ranges([0.5, 0.5], categories=["hard", "easy"])
+    np.testing.assert_allclose(lo, [0.0, 0.45])
+    np.testing.assert_allclose(hi, [1.0, 0.55])
+    assert list(cal.categories) == cats
+    with pytest.raises(ValueError, match="`categories` holds 'medium', which was not seen"):
+        cal.ranges([0.5], categories=["medium"])
+    with pytest.raises(ValueError, match="`categories` are required"):
+        cal.ranges([0.5])
+    plain = calibrate_ranges(judge, reference, alpha=0.5)
+    with pytest.raises(ValueError, match="`categories` were not used at calibration"):
+        plain.ranges([0.5], categories=["easy"])
+    # Tuples and mixed labels are hashable labels too.
+    mixed = calibrate_ranges(judge, reference, alpha=0.5,
+                             categories=[(1, "a"), (1, "a"), (1, "a"), 2, 2, 2])
+    assert dict(mixed.radius) == pytest.approx({(1, "a"): 0.05, 2: 0.5})
+    numeric = calibrate_ranges(judge, reference, alpha=0.5, categories=np.array([7] * 3 + [9] * 3))
+    assert dict(numeric.radius) == pytest.approx({7: 0.05, 9: 0.5})
+
+
+def test_calibration_is_immutable_and_inputs_untouched():
+    judge = np.array([0.2, 0.4, 0.6])
+    reference = np.array([0.25, 0.3, 0.6])
+    cal = calibrate_ranges(judge, reference, alpha=0.5)
+    with pytest.raises(ValueError):
+        cal.scores[0] = 1.0
+    with pytest.raises(TypeError):
+        cal.radius[None] = 1.0  # type: ignore[index]
+    np.testing.assert_array_equal(judge, [0.2, 0.4, 0.6])
+
+
+def test_float32_ranges_are_rounded_outward():
+    cal = calibrate_ranges(np.array([0.5, 0.1, 0.3]), np.array([0.6, 0.2, 0.3]), alpha=0.5)
+    judge = np.array([0.33, 0.71, 0.123], dtype=np.float32)
+    lo, hi = cal.ranges(judge)
+    assert lo.dtype == hi.dtype == np.float32
+    exact_lo = np.clip(judge.astype(np.float64) - cal.radius[None], 0, 1)
+    exact_hi = np.clip(judge.astype(np.float64) + cal.radius[None], 0, 1)
+    assert (lo.astype(np.float64) <= exact_lo).all() and (hi.astype(np.float64) >= exact_hi).all()
+    assert cal.ranges(judge.astype(np.float64)).lo.dtype == np.float64
+    dense = cal.ranges(np.full((2, 3), 0.5))
+    assert dense.lo.shape == dense.hi.shape == (2, 3)
+
+
+def _simulate(method: str, rng: np.random.Generator, size: int, categories: bool = False):
+    """Labeled responses: reference in [0, 1], a noisy judge with per-response difficulty."""
+    y = rng.beta(2.0, 2.0, size)
+    cat = rng.integers(0, 2, size) if categories else None
+    sigma = rng.uniform(0.02, 0.2, size) * (1.0 + 2.0 * (cat if categories else 0))
+    s = y + sigma * rng.standard_normal(size)
+    data = {"reference": y, "categories": cat}
+    if method == "cqr":
+        # Deliberately misspecified quantiles: too narrow and shifted.
+        data.update(judge=None, lower=s - 0.8 * sigma + 0.01, upper=s + 0.8 * sigma + 0.01)
+    else:
+        data.update(judge=s, sigma=sigma if method == "normalized" else None)
+    return data
+
+
+def _coverage(method: str, m: int, alpha: float, splits: int, seed: int,
+              categories: bool = False) -> np.ndarray:
+    """Cover flags of one fresh test response per split, each split recalibrated."""
+    rng = np.random.default_rng(seed)
+    hits = np.empty(splits, dtype=bool)
+    for t in range(splits):
+        cal_data = _simulate(method, rng, m, categories)
+        test = _simulate(method, rng, 1, categories)
+        ref = cal_data.pop("reference")
+        cats = cal_data.pop("categories")
+        cal = calibrate_ranges(cal_data.pop("judge"), ref, alpha=alpha, method=method,
+                               categories=cats, **cal_data)
+        if categories:
+            # Condition on the test category: coverage holds per category.
+            test["categories"] = np.zeros(1, dtype=int)
+        lo, hi = cal.ranges(test["judge"], sigma=test.get("sigma"), lower=test.get("lower"),
+                            upper=test.get("upper"), categories=test["categories"])
+        y = test["reference"][0]
+        hits[t] = lo[0] <= y <= hi[0]
+    return hits
+
+
+def _within_band(hits: np.ndarray, low: float, high: float) -> bool:
+    # z = 3.29: a 1-in-2000 false alarm per side for the Bernoulli rate of `hits`.
+    slack = 3.29 * math.sqrt(max(low * (1 - low), high * (1 - high)) / hits.size)
+    return low - slack <= hits.mean() <= high + slack
+
+
+@pytest.mark.parametrize("method", ["absolute", "normalized", "cqr"])
+@pytest.mark.parametrize(("m", "alpha"), [(19, 0.1), (30, 0.2)])
+def test_split_conformal_coverage(method, m, alpha):
+    splits = 2000
+    hits = _coverage(method, m, alpha, splits, seed=m)
+    # Continuous scores: coverage is k/(m+1) exactly, inside [1-a, 1-a+1/(m+1)].
+    exact = conformal_rank(m, alpha) / (m + 1)
+    assert 1 - alpha <= exact <= 1 - alpha + 1 / (m + 1)
+    assert _within_band(hits, 1 - alpha, 1 - alpha + 1 / (m + 1))
+    assert _within_band(hits, exact, exact)
+
+
+def test_mondrian_coverage_within_a_category():
+    m, alpha, splits = 40, 0.1, 2000  # about 20 scores per category
+    hits = _coverage("absolute", m, alpha, splits, seed=3, categories=True)
+    # The category's own size varies per split, so the upper end is that of the
+    # smallest likely category (m_c >= 10): 1 - alpha + 1/11.
+    assert _within_band(hits, 1 - alpha, 1 - alpha + 1 / 11)
+
+
+def test_the_coverage_check_rejects_a_naive_quantile():
+    # np.quantile's interpolated (1 - alpha) quantile undercovers: the band check fails.
+    rng = np.random.default_rng(11)
+    m, alpha, splits = 19, 0.1, 2000
+    hits = np.empty(splits, dtype=bool)
+    for t in range(splits):
+        scores = np.abs(rng.standard_normal(m + 1))
+        hits[t] = scores[-1] <= np.quantile(scores[:-1], 1 - alpha)
+    assert not _within_band(hits, 1 - alpha, 1 - alpha + 1 / (m + 1))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"alpha": 1.2}, ValueError, r"`alpha` must lie in \(0\.0, 1\.0\); got 1\.2\."),
+        ({"alpha": 0.1, "method": "quantile"}, ValueError, "`method` must be one of"),
+        ({"alpha": 0.1, "method": "normalized"}, ValueError,
+         "method='normalized' needs `sigma`."),
+        ({"alpha": 0.1, "sigma": [1.0, 1.0]}, ValueError,
+         "method='absolute' does not use `sigma`; pass None."),
+        ({"alpha": 0.1, "method": "cqr"}, ValueError,
+         "method='cqr' does not use `judge`; pass None."),
+        ({"alpha": 0.1, "method": "normalized", "sigma": [1.0, 0.0]}, ValueError,
+         "`sigma` must be positive"),
+        ({"alpha": 0.1, "method": "normalized", "sigma": [1.0]}, ValueError,
+         r"`sigma` must have shape \(2,\); got \(1,\)\."),
+        ({"alpha": 0.1, "bounds": (1.0, 0.0)}, ValueError,
+         r"`bounds` must satisfy low < high; got \(1\.0, 0\.0\)\."),
+        ({"alpha": 0.1, "bounds": 1.0}, TypeError, r"`bounds` must be a pair \(low, high\)\."),
+        ({"alpha": 0.1, "bounds": (0.0, 0.5)}, ValueError,
+         r"`reference` must lie within `bounds` \[0\.0, 0\.5\]\."),
+        ({"alpha": 0.1, "categories": ["a"]}, ValueError,
+         r"`categories` must have shape \(2,\); got \(1,\)\."),
+        ({"alpha": 0.1, "categories": [1.0, np.nan]}, ValueError,
+         "`categories` must not contain NaN."),
+        ({"alpha": 0.1, "categories": [[1], [2]]}, TypeError,
+         "`categories` must hold hashable labels; got list."),
+    ],
+)
+def test_calibrate_ranges_bad_input(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        calibrate_ranges([0.5, 0.5], [0.4, 0.9], **kwargs)
+
+
+def test_calibrate_ranges_bad_arrays():
+    with pytest.raises(ValueError, match="`reference` must hold at least one labeled"):
+        calibrate_ranges([], [], alpha=0.1)
+    with pytest.raises(ValueError, match="`judge` must be finite."):
+        calibrate_ranges([np.nan], [0.5], alpha=0.1)
+    with pytest.raises(ValueError, match="`reference` must be finite."):
+        calibrate_ranges([0.5], [np.nan], alpha=0.1)
+    with pytest.raises(ValueError, match=r"`reference` must have shape \(1,\); got \(2,\)\."):
+        calibrate_ranges([0.5], [0.5, 0.5], alpha=0.1)
+    with pytest.raises(ValueError, match="`lower` must not exceed `upper`."):
+        calibrate_ranges(None, [0.5], alpha=0.1, method="cqr", lower=[0.6], upper=[0.4])
+    with pytest.raises(TypeError, match="`reference` must be an array of reference rewards"):
+        calibrate_ranges([0.5], None, alpha=0.1)
+    cal = calibrate_ranges([0.5], [0.5], alpha=0.5)
+    with pytest.raises(ValueError, match="method='absolute' needs `judge`."):
+        cal.ranges(None)
+    with pytest.raises(ValueError, match="`judge` must be finite."):
+        cal.ranges([np.inf])
+
+
+_METHOD_ARGS = {"absolute": (), "normalized": ("sigma",), "cqr": ("lower", "upper")}
+
+
+@given(method=st.sampled_from(sorted(_METHOD_ARGS)), judge=garbage_arrays(),
+       reference=garbage_arrays(), extra=garbage_arrays(), categories=garbage_arrays(),
+       alpha=st.one_of(st.floats(), garbage_arrays()), bounds=garbage_arrays())
+def test_calibrate_ranges_garbage_input(method, judge, reference, extra, categories, alpha,
+                                        bounds):
+    kwargs = {name: extra for name in _METHOD_ARGS[method]}
+    cal = own_error_or_result(calibrate_ranges, None if method == "cqr" else judge, reference,
+                              alpha=alpha, method=method, categories=categories,
+                              bounds=bounds, **kwargs)
+    if cal is None:
+        cal = calibrate_ranges(np.full(4, 0.5), np.linspace(0, 1, 4), alpha=0.3)
+        kwargs, categories = {}, None
+    out = own_error_or_result(cal.ranges, judge, categories=categories, **kwargs)
+    if out is not None:
+        lo, hi = out
+        assert not (np.isnan(lo).any() or np.isnan(hi).any())
+        assert (lo <= hi).all()

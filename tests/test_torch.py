@@ -151,3 +151,31 @@ def test_ragged_property_matches_numpy(sizes: list[int], seed: int, dtype: torch
     expected = torch.from_numpy(advcal.advantages(host, offsets, method=method)).to(dtype)
     assert out.dtype == dtype and out.shape == values.shape
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + HALF_DTYPES)
+def test_maxnorm_matches_numpy(dtype: torch.dtype) -> None:
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.7, 0.7, 0.7, 0.71], [0.5, 0.5, 0.5, 0.5]],
+                           dtype=dtype)
+    host = rewards.float().numpy() if dtype in HALF_DTYPES else rewards.numpy()
+    out = act.maxnorm(rewards, tau_res=0.05, baseline="mean")
+    expected = advcal.maxnorm(host, tau_res=0.05, baseline="mean")
+    assert out.dtype == dtype and out.shape == rewards.shape
+    assert torch.equal(out, torch.from_numpy(expected).to(dtype))
+    assert out.abs().max() <= 1
+    result = act.maxnorm(rewards, tau_res=0.05, return_scale=True)
+    reference = advcal.maxnorm(host, tau_res=0.05, return_scale=True)
+    assert isinstance(result, advcal.MaxNormResult)
+    assert result.scale.dtype == dtype and result.scale.shape == (3,)
+    assert torch.equal(result.scale, torch.from_numpy(reference.scale).to(dtype))
+    assert torch.equal(result.advantages, torch.from_numpy(reference.advantages).to(dtype))
+
+
+def test_maxnorm_ragged_with_group_ids_and_dispatcher() -> None:
+    values = torch.tensor([0.2, 0.9, 0.4, 0.9, 0.1], dtype=torch.float64)
+    ids = torch.tensor([1, 2, 1, 2, 1])
+    out = act.maxnorm(values, group_ids=ids, tau_res=0.01, resolution=0.1)
+    expected = advcal.maxnorm(values.numpy(), group_ids=[1, 2, 1, 2, 1], tau_res=0.01,
+                              resolution=0.1)
+    np.testing.assert_array_equal(out.numpy(), expected)
+    assert (out[[1, 3]] == 0).all()  # group 2 is zero-gap

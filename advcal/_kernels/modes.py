@@ -34,7 +34,7 @@ def compile_pair(loop: Any) -> tuple[Any, Any]:
         fn.__qualname__ = loop.__qualname__ + suffix
         return fn
 
-    options = {"cache": True, "error_model": "numpy", "fastmath": set(FASTMATH)}
-    serial = njit(**options)(renamed("_serial"))
-    parallel = njit(parallel=True, **options)(renamed("_parallel"))
+    serial = njit(cache=True, error_model="numpy", fastmath=set(FASTMATH))(renamed("_serial"))
+    parallel = njit(cache=True, error_model="numpy", fastmath=set(FASTMATH), parallel=True)(
+        renamed("_parallel"))
     return serial, parallel

@@ -5,9 +5,10 @@ and writes only its own group's slice, so results do not depend on the thread co
 Statistics accumulate in float64 whatever the reward dtype.
 
 Each kernel also writes, per group, the divisor it used (``scale``) and the largest
-``|advantage|`` before the cast to the output dtype (``amax``).  ``amax`` turns NaN/inf if
-any value of the group was non-finite, so the wrapper checks finiteness in O(B) instead of
-an extra pass over the rewards.
+``|advantage|`` before the cast to the output dtype (``amax``).  ``amax`` turns NaN if any
+value of the group was non-finite, so finiteness is checked in O(B) instead of an extra
+pass over the rewards: every engine function returns ``(out, scale, amax, ok)`` with
+``ok`` false when some ``amax`` is NaN or above ``limit`` (the output dtype's maximum).
 """
 
 from __future__ import annotations
@@ -23,45 +24,46 @@ from advcal._kernels.modes import FASTMATH, FIXED, GRPO, RLOO, compile_pair
 PARALLEL_MIN_SIZE = 1 << 16
 
 
-@njit(cache=True, inline="always", fastmath=FASTMATH)
-def _moments(x, lo, hi, omit_nan):
-    """(count, shift, mean of x - shift, sum of squared deviations) of one group.
+@njit(cache=True, inline="always", fastmath=set(FASTMATH))
+def _moments(g, omit_nan):
+    """(count, shift, mean of g - shift, sum of squared deviations) of one group ``g``.
 
     Shifting by a member of the group makes a constant group's deviations exactly 0,
     whatever rounding the mean would otherwise leave (the ~4000x residue blow-up).
+    Loops run over a view ``g`` with ``range(g.size)``: numba then knows the index is
+    non-negative and LLVM vectorizes them (indexing ``x[lo + i]`` is 6x slower).
     """
     if not omit_nan:
-        # Separate NaN-free loops: without branches LLVM vectorizes the sums.
-        if hi == lo:
+        n = g.size
+        if n == 0:
             return 0, 0.0, 0.0, 0.0
-        shift = np.float64(x[lo])
+        shift = np.float64(g[0])
         total = 0.0
-        for i in range(lo, hi):
-            total += x[i] - shift
-        n = hi - lo
+        for i in range(n):
+            total += g[i] - shift
         mean = total / n
         ss = 0.0
-        for i in range(lo, hi):
-            d = (x[i] - shift) - mean
+        for i in range(n):
+            d = (g[i] - shift) - mean
             ss += d * d
         return n, shift, mean, ss
-    start = lo
-    while start < hi and math.isnan(x[start]):
+    start = 0
+    while start < g.size and math.isnan(g[start]):
         start += 1
-    if start == hi:
+    if start == g.size:
         return 0, 0.0, 0.0, 0.0
-    shift = np.float64(x[start])
+    shift = np.float64(g[start])
     total = 0.0
     n = 0
-    for i in range(start, hi):
-        v = x[i]
+    for i in range(start, g.size):
+        v = g[i]
         if not math.isnan(v):
             total += v - shift
             n += 1
     mean = total / n
     ss = 0.0
-    for i in range(start, hi):
-        v = x[i]
+    for i in range(start, g.size):
+        v = g[i]
         if not math.isnan(v):
             d = (v - shift) - mean
             ss += d * d
@@ -69,59 +71,80 @@ def _moments(x, lo, hi, omit_nan):
 
 
 @njit(cache=True, inline="always")
-def _divisor(mode, n, ss, eps, ddof, divisor):
-    if mode == GRPO:
-        return math.sqrt(ss / (n - ddof)) + eps if n > ddof else eps
-    if mode == RLOO:
-        return (n - 1.0) / n
+def _divisor(mode, n, ss, eps, ddof, raw_singletons, divisor):
+    """What a group's centered rewards are divided by; NaN means "advantages 0"."""
+    if n == 0 or (n == 1 and not raw_singletons):
+        return math.nan  # no relative information
     if mode == FIXED:
         return divisor
+    if mode == GRPO:
+        if n == 1:
+            return 1.0 + eps  # verl's lone response: std taken as 1
+        return math.sqrt(ss / (n - ddof)) + eps if n > ddof else eps
+    if mode == RLOO and n > 1:
+        return (n - 1.0) / n
     return 1.0
 
 
-def _center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
+# Groups are processed in chunks: statistics of the whole chunk first, then the
+# divisions and square roots in one loop over groups (whose latency then overlaps
+# instead of stalling each group), then the writes while the chunk is still in cache.
+CHUNK = 256
+
+
+def _center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
                   out, scale, amax):
-    for q in prange(offsets.size - 1):
-        lo = offsets[q]
-        hi = offsets[q + 1]
-        n, shift, mean, ss = _moments(x, lo, hi, omit_nan)
-        if n == 0 or (n == 1 and not raw_singletons):
-            s = math.nan  # no relative information: advantages 0
-        elif n == 1:
-            # verl's convention for a lone response: mean 0 and std 1.
-            shift = 0.0
-            mean = 0.0
-            s = 1.0 + eps if mode == GRPO else (divisor if mode == FIXED else 1.0)
-        else:
-            s = _divisor(mode, n, ss, eps, ddof, divisor)
-        group_max = 0.0
-        if s != s or s == 0.0:
-            for i in range(lo, hi):
-                out[i] = 0.0
-            if ss != ss:  # non-finite rewards in a group that gives no advantage
-                group_max = math.nan
-        elif not omit_nan:
-            inv = 1.0 / s
-            lowest = math.inf
-            highest = -math.inf
-            for i in range(lo, hi):
-                a = ((x[i] - shift) - mean) * inv
-                out[i] = a
-                lowest = min(lowest, a)
-                highest = max(highest, a)
-            # min/max drop NaN; a non-finite reward leaves ss non-finite instead.
-            group_max = max(-lowest, highest) if ss - ss == 0.0 else math.nan
-        else:
-            inv = 1.0 / s
-            for i in range(lo, hi):
-                v = x[i]
-                a = 0.0 if math.isnan(v) else ((v - shift) - mean) * inv
-                out[i] = a
-                group_max = max(group_max, abs(a))
-            if ss - ss != 0.0:
-                group_max = math.nan
-        scale[q] = s
-        amax[q] = group_max
+    n_groups = offsets.size - 1
+    count = np.empty(n_groups, dtype=np.int64)
+    shift = np.empty(n_groups)
+    mean = np.empty(n_groups)
+    n_bad = 0
+    for c in prange((n_groups + CHUNK - 1) // CHUNK):
+        first = c * CHUNK
+        last = min(first + CHUNK, n_groups)
+        for q in range(first, last):
+            count[q], shift[q], mean[q], scale[q] = _moments(
+                x[offsets[q]:offsets[q + 1]], omit_nan)
+        for q in range(first, last):
+            n = count[q]
+            ss = scale[q]
+            # A NaN/inf reward leaves ss non-finite: amax carries the flag to the wrapper.
+            amax[q] = 0.0 if ss - ss == 0.0 else math.nan
+            if n == 1 and raw_singletons:
+                shift[q] = 0.0
+                mean[q] = 0.0
+            scale[q] = _divisor(mode, n, ss, eps, ddof, raw_singletons, divisor)
+        for q in range(first, last):
+            g = x[offsets[q]:offsets[q + 1]]
+            o = out[offsets[q]:offsets[q + 1]]
+            s = scale[q]
+            if s != s or s == 0.0:
+                for i in range(g.size):
+                    o[i] = 0.0
+                if amax[q] != 0.0:
+                    n_bad += 1
+                continue  # (an else-branch here instead measured 20% slower)
+            group_max = 0.0
+            if omit_nan:
+                inv = 1.0 / s
+                for i in range(g.size):
+                    v = g[i]
+                    a = 0.0 if math.isnan(v) else ((v - shift[q]) - mean[q]) * inv
+                    o[i] = a
+                    group_max = max(group_max, abs(a))
+            else:
+                inv = 1.0 / s
+                sh = shift[q]
+                m = mean[q]
+                for i in range(g.size):
+                    a = ((g[i] - sh) - m) * inv
+                    o[i] = a
+                    group_max = max(group_max, abs(a))
+            if amax[q] == 0.0:
+                amax[q] = group_max
+            if not amax[q] <= limit:
+                n_bad += 1
+    return n_bad
 
 
 def _opo(x, weights, offsets, raw_singletons, omit_nan, out, scale, amax):
@@ -172,7 +195,7 @@ def _passk(x, offsets, eps, ddof, raw_singletons, omit_nan, out, scale, amax):
     for q in prange(offsets.size - 1):
         lo = offsets[q]
         hi = offsets[q + 1]
-        n, shift, mean, ss = _moments(x, lo, hi, omit_nan)
+        n, shift, mean, ss = _moments(x[lo:hi], omit_nan)
         best = -1
         top = -math.inf
         second = -math.inf
@@ -191,7 +214,7 @@ def _passk(x, offsets, eps, ddof, raw_singletons, omit_nan, out, scale, amax):
                 second = v
         group_max = 0.0
         if n >= 2:
-            s = _divisor(GRPO, n, ss, eps, ddof, 1.0)
+            s = _divisor(GRPO, n, ss, eps, ddof, False, 1.0)
             a = (np.float64(top) - np.float64(second)) / s
         elif n == 1 and raw_singletons:
             s = 1.0 + eps
@@ -218,31 +241,32 @@ def _outputs(x, offsets):
     return np.empty_like(x), np.empty(n_groups), np.empty(n_groups)
 
 
-def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor):
+def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit):
     out, scale, amax = _outputs(x, offsets)
     kernel = _center_scale_parallel if x.size >= PARALLEL_MIN_SIZE else _center_scale_serial
-    kernel(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, out, scale, amax)
-    return out, scale, amax
+    n_bad = kernel(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
+                   out, scale, amax)
+    return out, scale, amax, n_bad == 0
 
 
-def opo(x, weights, offsets, raw_singletons, omit_nan):
+def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
     out, scale, amax = _outputs(x, offsets)
     kernel = _opo_parallel if x.size >= PARALLEL_MIN_SIZE else _opo_serial
     kernel(x, weights, offsets, raw_singletons, omit_nan, out, scale, amax)
-    return out, scale, amax
+    return out, scale, amax, bool((amax <= limit).all())
 
 
-def passk(x, offsets, eps, ddof, raw_singletons, omit_nan):
+def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit):
     out, scale, amax = _outputs(x, offsets)
     kernel = _passk_parallel if x.size >= PARALLEL_MIN_SIZE else _passk_serial
     kernel(x, offsets, eps, ddof, raw_singletons, omit_nan, out, scale, amax)
-    return out, scale, amax
+    return out, scale, amax, bool((amax <= limit).all())
 
 
 @njit(cache=True)
 def _group_moments(x, offsets, omit_nan, count, mean, ss):
     for q in range(offsets.size - 1):
-        n, shift, m, s = _moments(x, offsets[q], offsets[q + 1], omit_nan)
+        n, shift, m, s = _moments(x[offsets[q]:offsets[q + 1]], omit_nan)
         count[q] = n
         mean[q] = shift + m
         ss[q] = s

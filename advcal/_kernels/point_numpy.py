@@ -36,7 +36,7 @@ def _outputs(x, offsets):
     return np.zeros_like(x), np.full(n_groups, np.nan), np.zeros(n_groups)
 
 
-def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor):
+def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit):
     out, scale, amax = _outputs(x, offsets)
     for q, sl, valid, r in _groups(x, offsets, omit_nan):
         n = r.size
@@ -63,10 +63,10 @@ def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor)
         a = u / s
         out[sl][valid] = a
         amax[q] = np.max(np.abs(a))
-    return out, scale, amax
+    return out, scale, amax, bool((amax <= limit).all())
 
 
-def opo(x, weights, offsets, raw_singletons, omit_nan):
+def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
     out, scale, amax = _outputs(x, offsets)
     for q, sl, valid, r in _groups(x, offsets, omit_nan):
         n = r.size
@@ -82,10 +82,10 @@ def opo(x, weights, offsets, raw_singletons, omit_nan):
         scale[q] = 1.0
         out[sl][valid] = a
         amax[q] = np.max(np.abs(a))
-    return out, scale, amax
+    return out, scale, amax, bool((amax <= limit).all())
 
 
-def passk(x, offsets, eps, ddof, raw_singletons, omit_nan):
+def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit):
     out, scale, amax = _outputs(x, offsets)
     for q, sl, valid, r in _groups(x, offsets, omit_nan):
         n = r.size
@@ -106,7 +106,7 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan):
             continue
         out[sl][np.flatnonzero(valid)[best]] = a
         amax[q] = abs(a)
-    return out, scale, amax
+    return out, scale, amax, bool((amax <= limit).all())
 
 
 def group_moments(x, offsets, omit_nan):
