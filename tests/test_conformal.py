@@ -250,10 +250,13 @@ def test_float32_ranges_are_rounded_outward():
     assert dense.lo.shape == dense.hi.shape == (2, 3)
 
 
-def _simulate(method: str, rng: np.random.Generator, size: int, categories: bool = False):
+def _simulate(method: str, rng: np.random.Generator, size: int, categories: bool = False,
+              category: int | None = None):
     """Labeled responses: reference in [0, 1], a noisy judge with per-response difficulty."""
     y = rng.beta(2.0, 2.0, size)
     cat = rng.integers(0, 2, size) if categories else None
+    if category is not None:
+        cat = np.full(size, category)
     sigma = rng.uniform(0.02, 0.2, size) * (1.0 + 2.0 * (cat if categories else 0))
     s = y + sigma * rng.standard_normal(size)
     data = {"reference": y, "categories": cat}
@@ -266,20 +269,20 @@ def _simulate(method: str, rng: np.random.Generator, size: int, categories: bool
 
 
 def _coverage(method: str, m: int, alpha: float, splits: int, seed: int,
-              categories: bool = False) -> np.ndarray:
+              categories: bool = False, pooled: bool = False) -> np.ndarray:
     """Cover flags of one fresh test response per split, each split recalibrated."""
     rng = np.random.default_rng(seed)
     hits = np.empty(splits, dtype=bool)
     for t in range(splits):
         cal_data = _simulate(method, rng, m, categories)
-        test = _simulate(method, rng, 1, categories)
+        test = _simulate(method, rng, 1, categories, category=1 if categories else None)
         ref = cal_data.pop("reference")
-        cats = cal_data.pop("categories")
+        cats = None if pooled else cal_data.pop("categories")
+        cal_data.pop("categories", None)
+        if pooled:
+            test["categories"] = None
         cal = calibrate_ranges(cal_data.pop("judge"), ref, alpha=alpha, method=method,
                                categories=cats, **cal_data)
-        if categories:
-            # Condition on the test category: coverage holds per category.
-            test["categories"] = np.zeros(1, dtype=int)
         lo, hi = cal.ranges(test["judge"], sigma=test.get("sigma"), lower=test.get("lower"),
                             upper=test.get("upper"), categories=test["categories"])
         y = test["reference"][0]
@@ -306,11 +309,15 @@ def test_split_conformal_coverage(method, m, alpha):
 
 
 def test_mondrian_coverage_within_a_category():
-    m, alpha, splits = 40, 0.1, 2000  # about 20 scores per category
+    # About 20 scores per category; the test response is always of the noisy category 1,
+    # whose radius must cover it on its own (a pooled radius would undercover it).
+    m, alpha, splits = 40, 0.1, 2000
     hits = _coverage("absolute", m, alpha, splits, seed=3, categories=True)
     # The category's own size varies per split, so the upper end is that of the
     # smallest likely category (m_c >= 10): 1 - alpha + 1/11.
     assert _within_band(hits, 1 - alpha, 1 - alpha + 1 / 11)
+    pooled = _coverage("absolute", m, alpha, splits, seed=3, categories=True, pooled=True)
+    assert pooled.mean() < 1 - alpha - 0.05
 
 
 def test_the_coverage_check_rejects_a_naive_quantile():
