@@ -12,6 +12,12 @@ from advcal.conformal import (
     conformal_quantile,
     conformal_rank,
 )
+from advcal.diagnostics import (
+    MethodDiagnostics,
+    ScaleDiagnostics,
+    direction_cosine,
+    scale_diagnostics,
+)
 from advcal.estimators import (
     ESTIMATORS,
     advantages,
@@ -35,13 +41,16 @@ __all__ = [
     "RangeCalibration",
     "RewardRanges",
     "MaxNormResult",
+    "MethodDiagnostics",
     "ResolvedRewards",
+    "ScaleDiagnostics",
     "__version__",
     "advantages",
     "batch_std",
     "calibrate_ranges",
     "conformal_quantile",
     "conformal_rank",
+    "direction_cosine",
     "dr_grpo",
     "gpg",
     "groups_from_ids",
@@ -54,5 +63,6 @@ __all__ = [
     "resolve_rewards",
     "risk_p_value",
     "rloo",
+    "scale_diagnostics",
     "ucb",
 ]
