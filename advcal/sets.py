@@ -1,0 +1,879 @@
+"""JRSC: joint reward-set calibration of GRPO coefficients (DESIGN §6.1).
+
+A grader's noise moves every coefficient of a group at once, because the group's
+coefficients share its mean and standard deviation.  JRSC models that joint shift with
+the Jacobian J of the coefficient map T and calibrates one radius ρ on paired scorings,
+so that for an exchangeable training group the second scoring's coefficients T(r′) lie in
+
+    E_q = {c + S_q^{1/2} z : ‖z‖ ≤ ρ},   c = T(r),   S_q = J Σ_r Jᵀ + λ_q ûûᵀ (+ floor·C)
+
+with probability at least 1 − α.
+
+* :func:`coefficient_jacobian`: per-group Jacobians of T (analytic for ``grpo``,
+  ``dr_grpo``, ``rloo``, ``maxnorm``; central finite differences through
+  :func:`advcal.advantages` for every other estimator).
+* :func:`calibrate_sets`: scores d_q = ‖S_q^{+1/2} (T(r′) − T(r))‖ of calibration groups
+  and their split-conformal quantile ρ.
+* :func:`coefficient_sets`: the sets of a training batch, with ``contains`` and
+  ``support`` (the minimum of a linear functional over each set).
+
+Shapes that are a multiple of the centering matrix plus a multiple of ûûᵀ (GRPO, Dr.GRPO
+and RLOO under isotropic grader noise, and the isotropic ball) are kept in that closed form
+— two eigenvalues per group, no eigendecomposition; every other case stores dense blocks.
+See ``docs/setgrpo.md`` for the choices DESIGN leaves open.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from advcal._validation import Batch, as_batch, check_choice, check_int, check_real
+
+__all__ = [
+    "CoefficientSets",
+    "SetCalibration",
+    "calibrate_sets",
+    "coefficient_jacobian",
+    "coefficient_sets",
+]
+
+ANALYTIC = ("grpo", "dr_grpo", "rloo", "maxnorm")
+SHAPES = ("joint", "isotropic")
+NOISES = ("isotropic", "diagonal")
+
+# Relative floor added to S on the centered subspace (times the tangential eigenvalue),
+# plus an absolute one for groups without noise: keeps S⁺ and S^{1/2} finite.
+FLOOR_RELATIVE = 1e-12
+FLOOR_ABSOLUTE = 1e-30
+# Relative tolerance of the membership test d² ≤ ρ² and of "centered" coefficients.
+MEMBERSHIP_RTOL = 1e-9
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def segment_sum(x: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per-group sums of a flat grouped array (empty groups give 0)."""
+    n_groups = offsets.size - 1
+    out = np.zeros(n_groups, dtype=np.float64)
+    if x.size == 0 or n_groups == 0:
+        return out
+    starts = offsets[:-1]
+    sizes = offsets[1:] - starts
+    if (sizes == sizes[0]).all():
+        return x.reshape(n_groups, -1).sum(axis=1)
+    nonempty = sizes > 0
+    out[nonempty] = np.add.reduceat(x, starts[nonempty])
+    return out
+
+
+def expand(per_group: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Repeat a per-group value for each response of its group."""
+    return np.repeat(per_group, np.diff(offsets))
+
+
+def block_offsets(sizes: np.ndarray) -> np.ndarray:
+    """Offsets of row-major n_q × n_q blocks concatenated in group order (DESIGN §1)."""
+    out = np.zeros(sizes.size + 1, dtype=np.int64)
+    np.cumsum(sizes.astype(np.int64) ** 2, out=out[1:])
+    return out
+
+
+def size_classes(sizes: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """(n, indices of the groups of size n) for each distinct group size."""
+    if sizes.size and (sizes == sizes[0]).all():
+        yield int(sizes[0]), np.arange(sizes.size)
+        return
+    for n in np.unique(sizes):
+        yield int(n), np.flatnonzero(sizes == n)
+
+
+def gather_rows(flat: np.ndarray, offsets: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
+    """The groups ``idx`` (all of size n) of a flat grouped array as an (len(idx), n) array."""
+    return flat[offsets[idx][:, None] + np.arange(n)]
+
+
+def gather_blocks(blocks: np.ndarray, boffsets: np.ndarray, idx: np.ndarray, n: int
+                  ) -> np.ndarray:
+    """The n × n blocks of the groups ``idx`` as an (len(idx), n, n) array."""
+    return blocks[boffsets[idx][:, None] + np.arange(n * n)].reshape(-1, n, n)
+
+
+def scatter_blocks(out: np.ndarray, boffsets: np.ndarray, idx: np.ndarray, n: int,
+                   values: np.ndarray) -> None:
+    out[boffsets[idx][:, None] + np.arange(n * n)] = values.reshape(-1, n * n)
+
+
+def restore_blocks(batch: Batch, blocks: np.ndarray) -> np.ndarray:
+    """Per-group blocks in the caller's layout: (B, G, G) for dense input, flat otherwise."""
+    if batch.shape is not None:
+        n_groups, width = batch.shape
+        return blocks.reshape(n_groups, width, width)
+    return blocks
+
+
+def _centered(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """x − group mean, computed after shifting by the group's first value so a constant
+    group gives exact zeros."""
+    sizes = np.diff(offsets)
+    first = np.zeros(sizes.size)
+    nonempty = sizes > 0
+    first[nonempty] = values[offsets[:-1][nonempty]]
+    shifted = values - expand(first, offsets)
+    mean = segment_sum(shifted, offsets) / np.maximum(sizes, 1)
+    return shifted - expand(mean, offsets)
+
+
+# --------------------------------------------------------------------------- estimator maps
+
+
+def _transform(values: np.ndarray, offsets: np.ndarray, estimator: str, eps: float, ddof: int,
+               options: Mapping[str, Any]) -> np.ndarray:
+    """T(r) on a flat float64 batch."""
+    from advcal.estimators import ESTIMATORS
+
+    fn = ESTIMATORS[estimator]
+    kwargs = dict(options)
+    params = inspect.signature(fn).parameters
+    if "eps" in params:
+        kwargs.setdefault("eps", eps)
+    if "ddof" in params:
+        kwargs.setdefault("ddof", ddof)
+    return np.asarray(fn(values, offsets, **kwargs), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class _Radial:
+    """Per-group radial geometry of the closed-form estimators.
+
+    ``u_hat`` is û (0 for constant groups); ``j_tan`` and ``j_rad`` are J's eigenvalues on
+    the centered subspace orthogonal to û and on û.
+    """
+
+    u_hat: np.ndarray
+    j_tan: np.ndarray
+    j_rad: np.ndarray
+
+
+def _radial(values: np.ndarray, offsets: np.ndarray, estimator: str, eps: float, ddof: int
+            ) -> _Radial:
+    sizes = np.diff(offsets)
+    u = _centered(values, offsets)
+    norm2 = segment_sum(u * u, offsets)
+    norm = np.sqrt(norm2)
+    inv = np.divide(1.0, norm, out=np.zeros_like(norm), where=norm > 0)
+    u_hat = u * expand(inv, offsets)
+    if estimator == "grpo":
+        dof = sizes - ddof
+        sigma = np.sqrt(np.divide(norm2, dof, out=np.zeros_like(norm2), where=dof > 0))
+        s = sigma + eps
+        j_tan = 1.0 / s
+        j_rad = eps / (s * s)
+    elif estimator == "rloo":
+        j_tan = np.where(sizes > 1, sizes / np.maximum(sizes - 1.0, 1.0), 0.0)
+        j_rad = j_tan
+    else:  # dr_grpo
+        j_tan = np.ones(sizes.size)
+        j_rad = j_tan
+    return _Radial(u_hat, j_tan, j_rad)
+
+
+def _maxnorm_jacobian(values: np.ndarray, offsets: np.ndarray, options: Mapping[str, Any]
+                      ) -> np.ndarray:
+    """Analytic Jacobian of MaxNorm-AC, w = u / s with s = max(max|u|, τ_res).
+
+    J = D/s where max|u| < τ_res, else D/s − u (∂s/∂r)ᵀ/s² with ∂s/∂r = sign(u_k)·D[k] at
+    the arg-max k; D = κ·C is the baseline's centering (κ = n/(n−1) for ``"rloo"``).  With
+    binning or a dead zone the map is piecewise constant, so finite differences are used.
+    """
+    from advcal.resolution import maxnorm
+
+    if "tau_res" not in options:
+        raise ValueError("`options` must give `tau_res` for estimator='maxnorm'.")
+    if options.get("resolution") is not None or options.get("dead_zone") is not None:
+        return _finite_difference_jacobian(values, offsets, "maxnorm", 0.0, 1, options)
+    tau = float(options["tau_res"])
+    baseline = options.get("baseline", "rloo")
+    result = maxnorm(values, offsets, return_scale=True, **options)
+    w = np.asarray(result.advantages, dtype=np.float64)
+    scale = np.asarray(result.scale, dtype=np.float64)
+    sizes = np.diff(offsets)
+    boffsets = block_offsets(sizes)
+    out = np.zeros(int(boffsets[-1]))
+    for n, idx in size_classes(sizes):
+        if n < 2:
+            continue
+        rows = np.arange(idx.size)
+        kappa = n / (n - 1.0) if baseline == "rloo" else 1.0
+        center = kappa * (np.eye(n) - 1.0 / n)
+        s = scale[idx]
+        u = gather_rows(w, offsets, idx, n) * s[:, None]
+        jac = np.broadcast_to(center, (idx.size, n, n)) / s[:, None, None]
+        k = np.argmax(np.abs(u), axis=1)
+        at_max = np.abs(u[rows, k]) >= tau
+        ds = np.sign(u[rows, k])[:, None] * center[k]
+        radial = u[:, :, None] * ds[:, None, :] / (s * s)[:, None, None]
+        jac = jac - np.where(at_max[:, None, None], radial, 0.0)
+        scatter_blocks(out, boffsets, idx, n, jac)
+    return out
+
+
+def _finite_difference_jacobian(values: np.ndarray, offsets: np.ndarray, estimator: str,
+                                eps: float, ddof: int, options: Mapping[str, Any]
+                                ) -> np.ndarray:
+    """Central differences, perturbing response j of every group at once (2·max n calls).
+
+    For estimators with batch-level statistics (batch_std, reinforce_pp_baseline, gpg) the
+    simultaneous perturbation adds cross-group terms of order 1/N each; the result is the
+    within-group block of the Jacobian up to those terms.
+    """
+    sizes = np.diff(offsets)
+    boffsets = block_offsets(sizes)
+    out = np.zeros(int(boffsets[-1]))
+    if values.size == 0:
+        return out
+    step = 1e-6 * np.maximum(1.0, np.abs(values))
+    position = np.arange(values.size) - expand(offsets[:-1], offsets)
+    row_start = expand(boffsets[:-1], offsets) + position * expand(sizes, offsets)
+    for j in range(int(sizes.max())):
+        hit = position == j
+        h = np.where(hit, step, 0.0)
+        plus = _transform(values + h, offsets, estimator, eps, ddof, options)
+        minus = _transform(values - h, offsets, estimator, eps, ddof, options)
+        h_group = np.zeros(sizes.size)
+        h_group[sizes > j] = step[hit]
+        h_resp = expand(h_group, offsets)
+        valid = h_resp > 0
+        out[row_start[valid] + j] = (plus[valid] - minus[valid]) / (2.0 * h_resp[valid])
+    return out
+
+
+def _jacobian_flat(values: np.ndarray, offsets: np.ndarray, estimator: str, eps: float,
+                   ddof: int, options: Mapping[str, Any]) -> np.ndarray:
+    sizes = np.diff(offsets)
+    if estimator == "maxnorm":
+        return _maxnorm_jacobian(values, offsets, options)
+    if estimator not in ANALYTIC:
+        return _finite_difference_jacobian(values, offsets, estimator, eps, ddof, options)
+    geo = _radial(values, offsets, estimator, eps, ddof)
+    boffsets = block_offsets(sizes)
+    out = np.zeros(int(boffsets[-1]))
+    for n, idx in size_classes(sizes):
+        if n == 0:
+            continue
+        u_hat = gather_rows(geo.u_hat, offsets, idx, n)
+        center = np.eye(n) - 1.0 / n
+        outer = u_hat[:, :, None] * u_hat[:, None, :]
+        jt = geo.j_tan[idx][:, None, None]
+        jr = geo.j_rad[idx][:, None, None]
+        scatter_blocks(out, boffsets, idx, n, jt * (center - outer) + jr * outer)
+    return out
+
+
+def _check_estimator(estimator: Any) -> str:
+    from advcal.estimators import ESTIMATORS
+
+    return check_choice(estimator, "estimator", tuple(ESTIMATORS))
+
+
+def _check_options(options: Any) -> dict[str, Any]:
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise TypeError(f"`options` must be a mapping of estimator keywords; "
+                        f"got {type(options).__name__}.")
+    return dict(options)
+
+
+def coefficient_jacobian(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    group_ids: ArrayLike | None = None,
+    estimator: str = "grpo",
+    eps: float = 1e-6,
+    ddof: int = 1,
+    options: Mapping[str, Any] | None = None,
+) -> np.ndarray:
+    """Per-group Jacobians J_q = ∂T(r_q)/∂r_q of a coefficient map T.
+
+    For GRPO (T(r) = u/s, s = σ + eps): J = (1/s)(C − (σ/s)ûûᵀ) — symmetric, J1 = 0,
+    eigenvalue eps/s² on û and 1/s on the rest of the centered subspace.  Dr.GRPO: C;
+    RLOO: n/(n−1)·C; MaxNorm-AC: C/s − u (∂s/∂r)ᵀ/s² with s = max(max|u|, τ_res).  Any
+    other estimator: central finite differences through :func:`advcal.advantages`.
+
+    Parameters
+    ----------
+    rewards : array_like, shape (B, G) or (N,)
+        Rewards; 1-D needs ``offsets`` or ``group_ids``.
+    offsets : array_like of int, shape (B + 1,), optional
+        CSR group boundaries for 1-D ``rewards``.
+    group_ids : sequence of hashable, length N, optional
+        Per-response group labels for 1-D ``rewards``.
+    estimator : str, default "grpo"
+        A key of :data:`advcal.ESTIMATORS`.
+    eps : float, default 1e-6
+        GRPO's std offset (passed to estimators that take it).
+    ddof : {0, 1}, default 1
+        Delta degrees of freedom of the std (for estimators that take it).
+    options : mapping, optional
+        Further keywords of the estimator (e.g. ``{"tau_res": 0.01}`` for ``maxnorm``).
+
+    Returns
+    -------
+    ndarray
+        float64 blocks, layout of DESIGN §1: (B, G, G) for dense ``rewards``; for 1-D
+        ``rewards`` the row-major n_q × n_q blocks concatenated in group order (groups
+        in order of first appearance for ``group_ids``, rows in the caller's order within
+        a group).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from advcal import coefficient_jacobian
+    >>> J = coefficient_jacobian(np.array([[0.0, 1.0, 2.0]]), eps=0.0)
+    >>> np.round(J[0], 6)
+    array([[ 0.166667, -0.333333,  0.166667],
+           [-0.333333,  0.666667, -0.333333],
+           [ 0.166667, -0.333333,  0.166667]])
+    >>> np.round(J[0] @ np.ones(3), 12)
+    array([0., 0., 0.])
+    """
+    estimator = _check_estimator(estimator)
+    eps = check_real(eps, "eps", low=0.0)
+    ddof = check_int(ddof, "ddof", choices=(0, 1))
+    options = _check_options(options)
+    batch = as_batch(rewards, offsets, group_ids)
+    values = np.asarray(batch.values, dtype=np.float64)
+    if not np.isfinite(values).all():
+        raise ValueError("`rewards` must be finite.")
+    return restore_blocks(batch, _jacobian_flat(values, batch.offsets, estimator, eps, ddof,
+                                                options))
+
+
+# --------------------------------------------------------------------------- geometry
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """Centers and shapes of a batch of sets (flat, grouped order, float64).
+
+    Closed form (``blocks is None``): S = t_tan (C − ûûᵀ) + t_rad ûûᵀ.  Dense: ``blocks``.
+    """
+
+    centers: np.ndarray
+    offsets: np.ndarray
+    u_hat: np.ndarray | None = None
+    t_tan: np.ndarray | None = None
+    t_rad: np.ndarray | None = None
+    blocks: np.ndarray | None = None
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def shape_blocks(self) -> np.ndarray:
+        if self.blocks is not None:
+            return self.blocks
+        return self._closed_form_blocks(np.asarray(self.t_tan), np.asarray(self.t_rad))
+
+    def root_blocks(self) -> np.ndarray:
+        """S^{1/2} per group (symmetric square root)."""
+        if self.blocks is None:
+            return self._closed_form_blocks(np.sqrt(np.asarray(self.t_tan)),
+                                            np.sqrt(np.asarray(self.t_rad)))
+        sizes = self.sizes
+        boffsets = block_offsets(sizes)
+        out = np.zeros_like(self.blocks)
+        for n, idx in size_classes(sizes):
+            if n == 0:
+                continue
+            blocks = gather_blocks(self.blocks, boffsets, idx, n)
+            w, v = np.linalg.eigh(blocks)
+            w = np.sqrt(np.clip(w, 0.0, None))
+            scatter_blocks(out, boffsets, idx, n, (v * w[:, None, :]) @ v.transpose(0, 2, 1))
+        return out
+
+    def _closed_form_blocks(self, tan: np.ndarray, rad: np.ndarray) -> np.ndarray:
+        sizes = self.sizes
+        boffsets = block_offsets(sizes)
+        out = np.zeros(int(boffsets[-1]))
+        u_hat = np.asarray(self.u_hat)
+        for n, idx in size_classes(sizes):
+            if n == 0:
+                continue
+            uh = gather_rows(u_hat, self.offsets, idx, n)
+            outer = uh[:, :, None] * uh[:, None, :]
+            center = np.eye(n) - 1.0 / n
+            blocks = tan[idx][:, None, None] * (center - outer) + rad[idx][:, None, None] * outer
+            scatter_blocks(out, boffsets, idx, n, blocks)
+        return out
+
+    def quad_pinv(self, delta: np.ndarray) -> np.ndarray:
+        """δᵀ S⁺ δ per group for centered δ (flat)."""
+        if self.blocks is None:
+            u_hat = np.asarray(self.u_hat)
+            radial = segment_sum(u_hat * delta, self.offsets)
+            total = segment_sum(delta * delta, self.offsets)
+            tangential = np.clip(total - radial * radial, 0.0, None)
+            return tangential / np.asarray(self.t_tan) + radial * radial / np.asarray(self.t_rad)
+        return self._dense_quad(delta, inverse=True)
+
+    def quad(self, v: np.ndarray) -> np.ndarray:
+        """vᵀ S v per group (flat v)."""
+        if self.blocks is None:
+            u_hat = np.asarray(self.u_hat)
+            vc = _centered(v, self.offsets)
+            radial = segment_sum(u_hat * vc, self.offsets)
+            total = segment_sum(vc * vc, self.offsets)
+            tangential = np.clip(total - radial * radial, 0.0, None)
+            return np.asarray(self.t_tan) * tangential + np.asarray(self.t_rad) * radial * radial
+        return self._dense_quad(v, inverse=False)
+
+    def log_pdet(self) -> np.ndarray:
+        """log pseudo-determinant of S per group on the centered subspace."""
+        sizes = self.sizes
+        if self.blocks is None:
+            dims = np.maximum(sizes - 2, 0)
+            return (dims * np.log(np.asarray(self.t_tan))
+                    + np.where(sizes >= 2, np.log(np.asarray(self.t_rad)), 0.0))
+        boffsets = block_offsets(sizes)
+        out = np.zeros(sizes.size)
+        for n, idx in size_classes(sizes):
+            if n < 2:
+                continue
+            blocks = gather_blocks(np.asarray(self.blocks), boffsets, idx, n)
+            out[idx] = np.linalg.slogdet(blocks + 1.0 / n)[1]
+        return out
+
+    def _dense_quad(self, v: np.ndarray, *, inverse: bool) -> np.ndarray:
+        sizes = self.sizes
+        boffsets = block_offsets(sizes)
+        out = np.zeros(sizes.size)
+        blocks_all = np.asarray(self.blocks)
+        for n, idx in size_classes(sizes):
+            if n == 0:
+                continue
+            blocks = gather_blocks(blocks_all, boffsets, idx, n)
+            vq = gather_rows(v, self.offsets, idx, n)
+            if inverse:
+                # S + 11ᵀ/n is invertible and equals S⁺ on the centered subspace.
+                solved = np.linalg.solve(blocks + 1.0 / n, vq[:, :, None])[:, :, 0]
+                out[idx] = np.einsum("bi,bi->b", vq, solved)
+            else:
+                out[idx] = np.einsum("bi,bij,bj->b", vq, blocks, vq)
+        return out
+
+
+def _noise_per_response(noise_var: np.ndarray | float, n_values: int) -> np.ndarray:
+    if np.ndim(noise_var) == 0:
+        return np.full(n_values, float(noise_var))
+    return np.asarray(noise_var, dtype=np.float64)
+
+
+def _geometry(values: np.ndarray, offsets: np.ndarray, *, estimator: str, eps: float,
+              ddof: int, shape: str, noise: str, noise_var: np.ndarray | float, ridge: float,
+              options: Mapping[str, Any], centers: np.ndarray | None = None) -> _Geometry:
+    if centers is None:
+        centers = _transform(values, offsets, estimator, eps, ddof, options)
+    sizes = np.diff(offsets)
+    n_groups = sizes.size
+    if shape == "isotropic":
+        ones = np.ones(n_groups)
+        return _Geometry(centers, offsets, np.zeros(values.size), ones, ones)
+    if noise == "isotropic" and estimator in ("grpo", "dr_grpo", "rloo"):
+        geo = _radial(values, offsets, estimator, eps, ddof)
+        var = float(noise_var)
+        tan = var * geo.j_tan ** 2
+        floor = FLOOR_RELATIVE * tan + FLOOR_ABSOLUTE
+        rad = var * geo.j_rad ** 2 + ridge * tan
+        return _Geometry(centers, offsets, geo.u_hat, tan + floor, rad + floor)
+    # Dense path: S = J diag(v) Jᵀ + λ ûûᵀ + floor·C, group by group size.
+    jac = _jacobian_flat(values, offsets, estimator, eps, ddof, options)
+    var_flat = _noise_per_response(noise_var, values.size)
+    u = _centered(values, offsets)
+    norm = np.sqrt(segment_sum(u * u, offsets))
+    u_hat = u * expand(np.divide(1.0, norm, out=np.zeros_like(norm), where=norm > 0), offsets)
+    closed = estimator in ("grpo", "dr_grpo", "rloo")
+    j_tan = _radial(values, offsets, estimator, eps, ddof).j_tan if closed else None
+    boffsets = block_offsets(sizes)
+    blocks = np.zeros(int(boffsets[-1]))
+    for n, idx in size_classes(sizes):
+        if n == 0:
+            continue
+        jq = gather_blocks(jac, boffsets, idx, n)
+        vq = gather_rows(var_flat, offsets, idx, n)
+        s = (jq * vq[:, None, :]) @ jq.transpose(0, 2, 1)
+        if j_tan is not None:
+            tangential = vq.mean(axis=1) * j_tan[idx] ** 2
+        else:
+            tangential = np.trace(s, axis1=1, axis2=2) / max(n - 1, 1)
+        uh = gather_rows(u_hat, offsets, idx, n)
+        floor = FLOOR_RELATIVE * tangential + FLOOR_ABSOLUTE
+        center = np.eye(n) - 1.0 / n
+        s = s + (ridge * tangential)[:, None, None] * (uh[:, :, None] * uh[:, None, :])
+        s = s + floor[:, None, None] * center
+        s = 0.5 * (s + s.transpose(0, 2, 1))
+        scatter_blocks(blocks, boffsets, idx, n, s)
+    return _Geometry(centers, offsets, blocks=blocks)
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+@dataclass(frozen=True)
+class SetCalibration:
+    """The result of :func:`calibrate_sets`: everything needed to build training sets.
+
+    Attributes
+    ----------
+    rho : float
+        The radius ρ: split-conformal quantile of ``scores`` at level ``alpha`` (+inf when
+        the calibration set is too small for the level).
+    alpha : float
+        Miscoverage level.
+    noise_var : float
+        Grader noise variance σ_g² (isotropic estimate mean (r − r′)²/2, or the mean of the
+        supplied per-response variances).
+    ridge : float
+        λ_q / tangential eigenvalue.
+    scores : ndarray, shape (m,)
+        Calibration scores d_q of the groups with at least two responses.
+    estimator, shape, noise : str
+        The options the sets are built with.
+    eps : float
+        GRPO's std offset.
+    ddof : int
+        Delta degrees of freedom.
+    options : dict
+        Further estimator keywords.
+    """
+
+    rho: float
+    alpha: float
+    noise_var: float
+    ridge: float
+    scores: np.ndarray
+    estimator: str
+    shape: str
+    noise: str
+    eps: float
+    ddof: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def m(self) -> int:
+        """Number of calibration groups."""
+        return int(self.scores.size)
+
+
+def _calibrate_iv(scores_a: Any, scores_b: Any, offsets: Any, group_ids: Any, alpha: Any,
+                  estimator: Any, shape: Any, noise: Any, noise_var: Any, ridge: Any, eps: Any,
+                  ddof: Any, options: Any) -> tuple[Any, ...]:
+    estimator = _check_estimator(estimator)
+    check_choice(shape, "shape", SHAPES)
+    check_choice(noise, "noise", NOISES)
+    alpha = check_real(alpha, "alpha", low=0.0, high=1.0, low_inclusive=False,
+                       high_inclusive=False)
+    eps = check_real(eps, "eps", low=0.0)
+    ddof = check_int(ddof, "ddof", choices=(0, 1))
+    ridge = 1.0 if ridge is None else check_real(ridge, "ridge", low=0.0)
+    options = _check_options(options)
+    batch = as_batch(scores_a, offsets, group_ids, name="scores_a")
+    values_a = np.asarray(batch.values, dtype=np.float64)
+    values_b = batch.gather(scores_b, "scores_b")
+    if not np.isfinite(values_a).all():
+        raise ValueError("`scores_a` must be finite.")
+    if not np.isfinite(values_b).all():
+        raise ValueError("`scores_b` must be finite.")
+    informative = batch.sizes >= 2
+    if not informative.any():
+        raise ValueError("`scores_a` must hold at least one group with two or more responses "
+                         "(the calibration set is empty).")
+    var = _noise_var_iv(batch, noise, noise_var)
+    if var is None:
+        keep = expand(informative.astype(np.int64), batch.offsets).astype(bool)
+        diff = values_a[keep] - values_b[keep]
+        var = float(np.mean(diff * diff) / 2.0)
+    return (batch, values_a, values_b, alpha, estimator, eps, ddof, ridge, options, var)
+
+
+def _noise_var_iv(batch: Batch, noise: str, noise_var: Any) -> np.ndarray | float | None:
+    if noise == "isotropic":
+        if noise_var is None:
+            return None
+        return check_real(noise_var, "noise_var", low=0.0)
+    if noise_var is None:
+        raise ValueError("`noise_var` (per-response variances) is required with "
+                         "noise='diagonal'.")
+    var = batch.gather(noise_var, "noise_var")
+    if not (np.isfinite(var).all() and (var >= 0).all()):
+        raise ValueError("`noise_var` must be finite and non-negative.")
+    return var
+
+
+def calibrate_sets(
+    scores_a: ArrayLike,
+    scores_b: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    group_ids: ArrayLike | None = None,
+    alpha: float,
+    estimator: str = "grpo",
+    shape: str = "joint",
+    noise: str = "isotropic",
+    noise_var: ArrayLike | float | None = None,
+    ridge: float | None = None,
+    eps: float = 1e-6,
+    ddof: int = 1,
+    options: Mapping[str, Any] | None = None,
+) -> SetCalibration:
+    """Calibrate the radius of JRSC coefficient sets on paired scorings.
+
+    For each calibration group with n ≥ 2 responses: c = T(r_a), δ = T(r_b) − c,
+    d_q = sqrt(δᵀ S_q⁺ δ) with S_q built from r_a.  ρ is the split-conformal quantile of
+    {d_q} at level α (:func:`advcal.conformal_quantile`).  Under exchangeability of the
+    calibration groups with a training group, P(T(r′) ∈ E) ≥ 1 − α.
+
+    Parameters
+    ----------
+    scores_a, scores_b : array_like, shape (B, G) or (N,)
+        Two scorings of the same calibration responses (``scores_a`` plays the training
+        scoring).  Their groups must be independent of the training groups.
+    offsets : array_like of int, optional
+        CSR group boundaries for 1-D scores.
+    group_ids : sequence of hashable, optional
+        Per-response group labels for 1-D scores.
+    alpha : float
+        Miscoverage level in (0, 1).
+    estimator : str, default "grpo"
+        Coefficient map T (a key of :data:`advcal.ESTIMATORS`).
+    shape : {"joint", "isotropic"}, default "joint"
+        ``"joint"``: S_q = J Σ_r Jᵀ + λ_q ûûᵀ; ``"isotropic"``: S_q = C (a Euclidean
+        ball, the ablation baseline).
+    noise : {"isotropic", "diagonal"}, default "isotropic"
+        Σ_r = σ_g² I with σ_g² = mean (r_a − r_b)²/2 over the calibration responses (or
+        ``noise_var`` if given as a scalar); ``"diagonal"``: per-response variances
+        ``noise_var`` (same layout as the scores), required.
+    noise_var : float or array_like, optional
+        See ``noise``.
+    ridge : float, optional
+        λ_q = ridge × the tangential eigenvalue of J Σ Jᵀ (GRPO: σ_g²/s_q²); default 1.0.
+    eps : float, default 1e-6
+        GRPO's std offset.
+    ddof : {0, 1}, default 1
+        Delta degrees of freedom of the std.
+    options : mapping, optional
+        Further estimator keywords (``{"tau_res": ...}`` for ``maxnorm``).
+
+    Returns
+    -------
+    SetCalibration
+        ``rho``, ``noise_var``, ``ridge``, calibration ``scores`` and the options.
+
+    Examples
+    --------
+    >>> from advcal import calibrate_sets
+    >>> from advcal.simulate import paired_scorings
+    >>> pair = paired_scorings(2000, 8, scale=0.02, seed=0)
+    >>> cal = calibrate_sets(pair.a, pair.b, alpha=0.1)
+    >>> cal.m, round(cal.noise_var, 5), bool(cal.rho > 0)
+    (2000, 0.0004, True)
+    """
+    (batch, values_a, values_b, alpha, estimator, eps, ddof, ridge, options,
+     var) = _calibrate_iv(scores_a, scores_b, offsets, group_ids, alpha, estimator, shape,
+                          noise, noise_var, ridge, eps, ddof, options)
+    from advcal.conformal import conformal_quantile
+
+    offs = batch.offsets
+    geo = _geometry(values_a, offs, estimator=estimator, eps=eps, ddof=ddof, shape=shape,
+                    noise=noise, noise_var=var, ridge=ridge, options=options)
+    other = _transform(values_b, offs, estimator, eps, ddof, options)
+    delta = _centered(other - geo.centers, offs)
+    d2 = geo.quad_pinv(delta)
+    scores = np.sqrt(np.clip(d2[batch.sizes >= 2], 0.0, None))
+    rho = float(conformal_quantile(scores, alpha))
+    mean_var = float(var) if np.ndim(var) == 0 else float(np.mean(var))
+    return SetCalibration(rho, alpha, mean_var, ridge, scores, estimator, shape, noise, eps,
+                          ddof, dict(options))
+
+
+# --------------------------------------------------------------------------- training sets
+
+
+@dataclass(frozen=True)
+class CoefficientSets:
+    """JRSC sets E_q = {c_q + S_q^{1/2} z : ‖z‖ ≤ ρ} of a training batch.
+
+    Attributes
+    ----------
+    rho : float
+        The calibrated radius.
+    calibration : SetCalibration
+        The calibration the sets were built with.
+
+    Notes
+    -----
+    ``centers`` and ``shapes`` come back in the caller's layout (DESIGN §1); the private
+    fields keep the grouped flat float64 geometry that :func:`advcal.recover` consumes.
+    """
+
+    rho: float
+    calibration: SetCalibration
+    batch: Batch = field(repr=False)
+    geometry: _Geometry = field(repr=False)
+    dtype: np.dtype = field(repr=False)
+
+    @property
+    def n_groups(self) -> int:
+        return self.batch.n_groups
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """CSR offsets of the grouped order."""
+        return self.batch.offsets
+
+    @property
+    def centers(self) -> np.ndarray:
+        """c = T(r) in the caller's layout and dtype."""
+        return self.batch.restore(self.geometry.centers.astype(self.dtype))
+
+    @property
+    def shapes(self) -> np.ndarray:
+        """S_q blocks: (B, G, G) for dense input, flat row-major blocks otherwise."""
+        return restore_blocks(self.batch, self.geometry.shape_blocks())
+
+    def _flat(self, values: Any, name: str) -> np.ndarray:
+        flat = self.batch.gather(values, name)
+        if not np.isfinite(flat).all():
+            raise ValueError(f"`{name}` must be finite.")
+        return flat
+
+    def support(self, directions: ArrayLike) -> np.ndarray:
+        """min over E_q of vᵀa, per group: vᵀc − ρ·sqrt(vᵀ S_q v).
+
+        Parameters
+        ----------
+        directions : array_like
+            One direction v per group, in the layout of the rewards.
+
+        Returns
+        -------
+        ndarray, shape (B,)
+            The support values (−inf when ρ is infinite and vᵀSv > 0).
+        """
+        v = self._flat(directions, "directions")
+        linear = segment_sum(v * self.geometry.centers, self.offsets)
+        spread = np.sqrt(np.clip(self.geometry.quad(v), 0.0, None))
+        with np.errstate(invalid="ignore"):
+            term = np.where(spread > 0, self.rho * spread, 0.0)
+        return linear - term
+
+    def distances(self, coefficients: ArrayLike) -> np.ndarray:
+        """sqrt((a − c)ᵀ S⁺ (a − c)) per group; +inf if a − c is not centered."""
+        a = self._flat(coefficients, "coefficients")
+        delta = a - self.geometry.centers
+        mean = segment_sum(delta, self.offsets) / np.maximum(self.batch.sizes, 1)
+        scale = np.sqrt(segment_sum(a * a + self.geometry.centers ** 2, self.offsets)) + 1e-300
+        centered_ok = np.abs(mean) * np.sqrt(self.batch.sizes) <= MEMBERSHIP_RTOL * scale + 1e-12
+        d2 = self.geometry.quad_pinv(_centered(delta, self.offsets))
+        return np.where(centered_ok, np.sqrt(np.clip(d2, 0.0, None)), np.inf)
+
+    def log_volumes(self) -> np.ndarray:
+        """log of each set's (n_q − 1)-dimensional volume over that of the unit ball.
+
+        (n_q − 1)·log ρ + ½·log pdet(S_q): the quantity compared between the joint and the
+        isotropic shape.  Groups with fewer than two responses get 0.
+        """
+        sizes = self.batch.sizes
+        dims = np.maximum(sizes - 1, 0)
+        with np.errstate(divide="ignore"):
+            log_rho = np.log(self.rho) if self.rho > 0 else -np.inf
+        out = dims * log_rho + 0.5 * self.geometry.log_pdet()
+        return np.where(sizes >= 2, out, 0.0)
+
+    def contains(self, coefficients: ArrayLike) -> np.ndarray:
+        """Whether each group's coefficient vector lies in its set.
+
+        Parameters
+        ----------
+        coefficients : array_like
+            Candidate coefficients, in the layout of the rewards.
+
+        Returns
+        -------
+        ndarray of bool, shape (B,)
+            d_q ≤ ρ (relative tolerance 1e-9) and a − c centered.
+        """
+        d = self.distances(coefficients)
+        return d <= self.rho * (1.0 + MEMBERSHIP_RTOL) + 1e-12
+
+
+def coefficient_sets(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    group_ids: ArrayLike | None = None,
+    calibration: SetCalibration,
+    noise_var: ArrayLike | None = None,
+) -> CoefficientSets:
+    """Build the JRSC sets of a training batch from a calibration.
+
+    Parameters
+    ----------
+    rewards : array_like, shape (B, G) or (N,)
+        Training scores r (one scoring).
+    offsets : array_like of int, optional
+        CSR group boundaries for 1-D rewards.
+    group_ids : sequence of hashable, optional
+        Per-response group labels for 1-D rewards.
+    calibration : SetCalibration
+        From :func:`calibrate_sets`.
+    noise_var : array_like, optional
+        Per-response grader variances of the training responses; required when the
+        calibration used ``noise="diagonal"``, ignored otherwise.
+
+    Returns
+    -------
+    CoefficientSets
+        Centers, shapes, ρ, and ``contains`` / ``support``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from advcal import calibrate_sets, coefficient_sets
+    >>> from advcal.simulate import paired_scorings
+    >>> cal = calibrate_sets(*paired_scorings(500, 4, scale=0.02, seed=0).scores[:2],
+    ...                      alpha=0.1)
+    >>> train = paired_scorings(3, 4, scale=0.02, seed=1)
+    >>> sets = coefficient_sets(train.a, calibration=cal)
+    >>> sets.shapes.shape, sets.contains(sets.centers).tolist()
+    ((3, 4, 4), [True, True, True])
+    """
+    if not isinstance(calibration, SetCalibration):
+        raise TypeError("`calibration` must be a SetCalibration from calibrate_sets; "
+                        f"got {type(calibration).__name__}.")
+    batch = as_batch(rewards, offsets, group_ids)
+    dtype = batch.values.dtype
+    values = np.asarray(batch.values, dtype=np.float64)
+    if not np.isfinite(values).all():
+        raise ValueError("`rewards` must be finite.")
+    cal = calibration
+    var: np.ndarray | float = cal.noise_var
+    if cal.noise == "diagonal" and cal.shape == "joint":
+        if noise_var is None:
+            raise ValueError("`noise_var` (per-response variances of the training responses) "
+                             "is required: the calibration used noise='diagonal'.")
+        var = batch.gather(noise_var, "noise_var")
+        if not (np.isfinite(var).all() and (var >= 0).all()):
+            raise ValueError("`noise_var` must be finite and non-negative.")
+    geo = _geometry(values, batch.offsets, estimator=cal.estimator, eps=cal.eps, ddof=cal.ddof,
+                    shape=cal.shape, noise=cal.noise, noise_var=var, ridge=cal.ridge,
+                    options=cal.options)
+    return CoefficientSets(cal.rho, cal, batch, geo, np.dtype(dtype))
