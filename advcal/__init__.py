@@ -32,10 +32,18 @@ from advcal.estimators import (
 )
 from advcal.layouts import GroupIndex, groups_from_ids, offsets_from_sizes
 from advcal.resolution import MaxNormResult, ResolvedRewards, maxnorm, resolve_rewards
+from advcal.sets import (
+    CoefficientSets,
+    SetCalibration,
+    calibrate_sets,
+    coefficient_jacobian,
+    coefficient_sets,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CoefficientSets",
     "ESTIMATORS",
     "GroupIndex",
     "RangeCalibration",
@@ -44,10 +52,14 @@ __all__ = [
     "MethodDiagnostics",
     "ResolvedRewards",
     "ScaleDiagnostics",
+    "SetCalibration",
     "__version__",
     "advantages",
     "batch_std",
     "calibrate_ranges",
+    "calibrate_sets",
+    "coefficient_jacobian",
+    "coefficient_sets",
     "conformal_quantile",
     "conformal_rank",
     "direction_cosine",
