@@ -466,8 +466,9 @@ def gpg(
     values = call.batch.values
     if call.omit:
         values = values[~np.isnan(values)]
-    alpha = values.size / max(int(np.count_nonzero(values)), 1)
-    return _center_scale(call, FIXED, divisor=f_norm / alpha)
+    # f_norm / alpha with alpha = N / max(k, 1); an empty batch keeps divisor f_norm.
+    divisor = f_norm * max(int(np.count_nonzero(values)), 1) / max(values.size, 1)
+    return _center_scale(call, FIXED, divisor=divisor)
 
 
 def passk(

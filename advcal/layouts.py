@@ -85,7 +85,7 @@ def groups_from_ids(group_ids: Any) -> GroupIndex:
     >>> from advcal import groups_from_ids
     >>> index = groups_from_ids(["b", "a", "b", "c"])
     >>> index.offsets, index.order, index.labels
-    (array([0, 2, 3, 4]), array([0, 2, 1, 3]), array(['b', 'a', 'c'], dtype='<U1'))
+    (array([0, 2, 3, 4]), array([0, 2, 1, 3]), array(['b', 'a', 'c'], dtype=object))
     """
     if isinstance(group_ids, (str, bytes)):
         raise TypeError("`group_ids` must be a sequence of labels, not a single string.")
@@ -99,6 +99,8 @@ def groups_from_ids(group_ids: Any) -> GroupIndex:
         if isinstance(group_ids, np.ndarray):
             raise ValueError(f"`group_ids` must be 1-D; got shape {ids.shape}.")
         ids = None  # a list of tuples: each tuple is one label
+    if ids is not None and ids.dtype.kind in "US" and not isinstance(group_ids, np.ndarray):
+        ids = None  # numpy would coerce [1, "1"] to two equal strings: hash the labels
     if ids is not None and ids.dtype.kind in "biufcUSmM":
         if ids.dtype.kind in "fc" and np.isnan(ids).any():
             raise ValueError("`group_ids` must not contain NaN (NaN != NaN cannot label a group).")

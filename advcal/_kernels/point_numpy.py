@@ -100,10 +100,11 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit):
             a = r[0] / s
         else:
             s = np.sqrt(np.sum(_centered(r) ** 2) / (n - ddof)) + eps if n > ddof else eps
+            scale[q] = s
+            if s == 0.0:
+                continue
             a = (r[best] - np.sort(r)[-2]) / s
         scale[q] = s
-        if s == 0.0:
-            continue
         out[sl][np.flatnonzero(valid)[best]] = a
         amax[q] = abs(a)
     return out, scale, amax, bool((amax <= limit).all())

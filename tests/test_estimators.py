@@ -1,0 +1,362 @@
+"""Point estimators: hand-derived values, exact zeros, policies, and properties."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import advcal
+from advcal import (
+    ESTIMATORS,
+    advantages,
+    batch_std,
+    dr_grpo,
+    gpg,
+    grpo,
+    offsets_from_sizes,
+    opo,
+    passk,
+    reinforce_pp_baseline,
+    rloo,
+)
+from advcal._kernels import point_numba
+from advcal._kernels.modes import GRPO
+from tests.strategies import FLOAT_DTYPES, dense_batches, ragged_batches
+
+POINT_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp_baseline", "opo",
+                    "gpg", "passk")
+# Estimators whose advantages sum to zero within every group of two or more.
+ZERO_SUM = ("grpo", "dr_grpo", "rloo", "batch_std", "gpg")
+
+
+def call(name, rewards, offsets=None, **kw):
+    """Call an estimator by name; only OPO takes ``lengths`` (default: index + 1)."""
+    lengths = kw.pop("lengths", None)
+    if name == "opo":
+        if lengths is None:
+            lengths = np.arange(1, np.size(rewards) + 1, dtype=float).reshape(np.shape(rewards))
+        kw["lengths"] = lengths
+    return advantages(rewards, offsets, method=name, **kw)
+
+
+def assert_close(actual, desired, dtype):
+    """Engines may differ by rounding only: a few ulps of the output dtype."""
+    tol = 1e-12 if dtype == np.float64 else 3e-7
+    scale = max(1.0, float(np.max(np.abs(desired), initial=0.0)))
+    np.testing.assert_allclose(actual, desired, rtol=tol, atol=tol * scale)
+
+
+# ---------------------------------------------------------------- hand-derived values
+
+
+def test_grpo_hand_example(backend):
+    # u = +-0.5, std (ddof 1) = sqrt(4 * 0.25 / 3) = sqrt(1/3)
+    out = grpo([[1.0, 0.0, 0.0, 1.0]], backend=backend)
+    np.testing.assert_allclose(out, [[1, -1, -1, 1]] * np.array(0.5 / (np.sqrt(1 / 3) + 1e-6)))
+    # ddof 0, eps 0: u = (-1, 0, 1), std = sqrt(2/3)
+    out = grpo([[1.0, 2.0, 3.0]], eps=0.0, ddof=0, backend=backend)
+    np.testing.assert_allclose(out, [[-np.sqrt(1.5), 0.0, np.sqrt(1.5)]], rtol=1e-15)
+
+
+def test_dr_grpo_and_rloo_hand_example(backend):
+    rewards = [1.0, 0.0, 0.0, 4.0, 2.0]
+    offsets = [0, 3, 5]
+    np.testing.assert_allclose(dr_grpo(rewards, offsets, backend=backend),
+                               [2 / 3, -1 / 3, -1 / 3, 1.0, -1.0], rtol=1e-15)
+    # r_i - mean of the others: 1 - 0, 0 - 0.5, 0 - 0.5, 4 - 2, 2 - 4
+    np.testing.assert_allclose(rloo(rewards, offsets, backend=backend),
+                               [1.0, -0.5, -0.5, 2.0, -2.0], rtol=1e-15)
+
+
+def test_batch_std_hand_example(backend):
+    # batch mean 1.5, deviations (-1.5, 0.5, -0.5, 1.5): ss = 5, std = sqrt(5/3)
+    out = batch_std([[0.0, 2.0], [1.0, 3.0]], eps=0.0, backend=backend)
+    np.testing.assert_allclose(out, np.array([[-1, 1], [-1, 1]]) / np.sqrt(5 / 3), rtol=1e-15)
+
+
+def test_reinforce_pp_baseline_token_weighted_hand_example(backend):
+    # u = (0.5, -0.5, -0.5, 0.5), weights (1, 3, 1, 1): W = 6, weighted mean -1/6,
+    # deviations (2/3, -1/3, -1/3, 2/3), weighted ss = 4/3, var = 4/3 / 6 * 6/5 = 4/15.
+    out = reinforce_pp_baseline([[1.0, 0.0], [0.0, 1.0]], token_counts=[[1, 3], [1, 1]],
+                                eps=0.0, backend=backend)
+    expected = np.array([[2 / 3, -1 / 3], [-1 / 3, 2 / 3]]) / np.sqrt(4 / 15)
+    np.testing.assert_allclose(out, expected, rtol=1e-14)
+
+
+def test_opo_hand_example(backend):
+    # baseline (1*1 + 3*0) / 4 = 0.25
+    np.testing.assert_allclose(opo([[1.0, 0.0]], lengths=[[1, 3]], backend=backend),
+                               [[0.75, -0.25]], rtol=1e-15)
+
+
+def test_gpg_hand_example(backend):
+    # N = 4 responses, 1 nonzero: alpha = 4; u = (0.5, -0.5, 0, 0)
+    np.testing.assert_allclose(gpg([[1.0, 0.0], [0.0, 0.0]], backend=backend),
+                               [[2.0, -2.0], [0.0, 0.0]])
+    np.testing.assert_allclose(gpg([[1.0, 0.0], [0.0, 0.0]], f_norm=2.0, backend=backend),
+                               [[1.0, -1.0], [0.0, 0.0]])
+
+
+def test_passk_hand_example(backend):
+    # u = (-.25, .75, -.25, -.25): ss = 0.75, std = 0.5; best gets (1 - 0) / 0.5
+    np.testing.assert_allclose(passk([[0.0, 1.0, 0.0, 0.0]], eps=0.0, backend=backend),
+                               [[0.0, 2.0, 0.0, 0.0]])
+    # a tie for the maximum: r_max - r_2nd = 0 for everyone
+    np.testing.assert_array_equal(passk([[1.0, 1.0, 0.0]], backend=backend), [[0.0, 0.0, 0.0]])
+
+
+# ---------------------------------------------------------------- exact zeros
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("value", [0.1, 0.7, 1 / 3, 1e6 + 0.1, -3.3, 1e-30])
+@pytest.mark.parametrize("name", POINT_ESTIMATORS)
+def test_zero_variance_groups_give_exact_zeros(backend, dtype, value, name):
+    # Constant groups of every size from 2 to 40, beside a group with real spread: the
+    # constant groups must be exactly 0, never a float residue divided by eps.
+    sizes = np.arange(2, 41)
+    constant = np.full(int(sizes.sum()), value, dtype=dtype)
+    rewards = np.concatenate([constant, np.array([0.0, 1.0], dtype=dtype)])
+    offsets = offsets_from_sizes(np.append(sizes, 2))
+    for eps in (1e-6, 0.0):
+        kw = {} if name in ("dr_grpo", "rloo", "opo", "gpg") else {"eps": eps}
+        out = call(name, rewards, offsets, backend=backend, **kw)
+        if name == "reinforce_pp_baseline":  # whitening shifts every response by the mean
+            continue
+        assert (out[: constant.size] == 0.0).all()
+        assert not np.isnan(out).any()
+
+
+def test_float32_point_one_is_exactly_zero_like_the_issue_says(backend):
+    rewards = np.full((3, 7), 0.1, dtype=np.float32)
+    out = grpo(rewards, backend=backend)
+    assert out.dtype == np.float32
+    assert (out == 0.0).all()
+
+
+# ---------------------------------------------------------------- policies and dtypes
+
+
+def test_singleton_policies(backend):
+    rewards = [2.0, 1.0, 0.0]
+    offsets = [0, 1, 3]
+    np.testing.assert_array_equal(grpo(rewards, offsets, backend=backend)[0], 0.0)
+    raw = grpo(rewards, offsets, singleton="raw", eps=1e-6, backend=backend)
+    assert raw[0] == 2.0 / (1.0 + 1e-6)  # verl: mean 0, std 1
+    assert dr_grpo(rewards, offsets, singleton="raw", backend=backend)[0] == 2.0
+    assert rloo(rewards, offsets, singleton="raw", backend=backend)[0] == 2.0
+    with pytest.raises(ValueError, match=r"group 0 has a single response and "
+                                         r"`singleton='error'`"):
+        rloo(rewards, offsets, singleton="error", backend=backend)
+
+
+def test_nan_policy_omit(backend):
+    rewards = np.array([[1.0, np.nan, 0.0], [np.nan, np.nan, np.nan], [np.nan, 3.0, 1.0]])
+    out = grpo(rewards, nan_policy="omit", backend=backend)
+    first = 0.5 / (np.sqrt(0.5) + 1e-6)  # (1, 0): u = +-0.5, std = sqrt(0.5)
+    last = 1.0 / (np.sqrt(2.0) + 1e-6)  # (3, 1): u = +-1, std = sqrt(2)
+    np.testing.assert_allclose(out, [[first, 0.0, -first], [0, 0, 0], [0.0, last, -last]],
+                               rtol=1e-15)
+    with pytest.raises(ValueError, match="`rewards` contain NaN; pass nan_policy='omit'"):
+        grpo(rewards, backend=backend)
+    # an omitted response turns its group into a singleton under singleton="error"
+    with pytest.raises(ValueError, match="group 0 has a single response"):
+        grpo([[1.0, np.nan]], nan_policy="omit", singleton="error", backend=backend)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expected"),
+    [(np.float32, np.float32), (np.float64, np.float64), (np.float16, np.float32),
+     (np.int64, np.float64), (np.int8, np.float64), (np.bool_, np.float64)],
+)
+def test_output_dtype(backend, dtype, expected):
+    rewards = np.array([[1, 0, 1, 1]], dtype=dtype)
+    for name in POINT_ESTIMATORS:
+        assert call(name, rewards, backend=backend).dtype == expected
+
+
+def test_inputs_are_not_mutated(backend):
+    rewards = np.array([0.3, 0.1, 0.9, 0.4, np.nan])
+    offsets = np.array([0, 2, 5])
+    lengths = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    copies = rewards.copy(), offsets.copy(), lengths.copy()
+    for name in POINT_ESTIMATORS:
+        call(name, rewards, offsets, nan_policy="omit", backend=backend, lengths=lengths)
+    for before, after in zip(copies, (rewards, offsets, lengths), strict=True):
+        np.testing.assert_array_equal(before, after)
+
+
+def test_dispatcher_rejects_unknown_method():
+    with pytest.raises(ValueError, match=r"`method` must be one of 'grpo', 'dr_grpo'"):
+        advantages([[1.0, 0.0]], method="ppo")
+
+
+# ---------------------------------------------------------------- properties
+
+
+def _lengths_for(batch_values):
+    return np.linspace(1.0, 5.0, batch_values.size)
+
+
+@given(batch=ragged_batches(), singleton=st.sampled_from(["zero", "raw"]),
+       name=st.sampled_from(POINT_ESTIMATORS), with_nans=st.booleans(), data=st.data())
+def test_numba_kernel_matches_numpy_reference(batch, singleton, name, with_nans, data):
+    values = batch.values.copy()
+    if with_nans and values.size:
+        mask = np.array(data.draw(st.lists(st.booleans(), min_size=values.size,
+                                           max_size=values.size)))
+        values[mask] = np.nan
+    kw = {"singleton": singleton, "nan_policy": "omit"}
+    if name == "opo":
+        kw["lengths"] = _lengths_for(values)
+    fast = call(name, values, batch.offsets, backend="numba", **kw)
+    slow = call(name, values, batch.offsets, backend="numpy", **kw)
+    assert fast.dtype == slow.dtype == values.dtype
+    assert_close(fast, slow, values.dtype)
+    assert not np.isnan(fast).any()
+
+
+@given(batch=ragged_batches(min_size=2), name=st.sampled_from(ZERO_SUM))
+def test_centered_estimators_sum_to_zero_per_group(batch, name):
+    out = call(name, batch.values, batch.offsets).astype(np.float64)
+    for q in range(batch.offsets.size - 1):
+        group = out[batch.offsets[q]:batch.offsets[q + 1]]
+        scale = max(1.0, float(np.abs(group).max(initial=0.0)))
+        tol = 1e-12 if batch.values.dtype == np.float64 else 1e-5
+        assert abs(group.sum()) <= tol * scale * group.size
+
+
+@given(batch=ragged_batches(min_size=2))
+def test_opo_length_weighted_sum_is_zero(batch):
+    lengths = _lengths_for(batch.values)
+    out = opo(batch.values, batch.offsets, lengths=lengths).astype(np.float64)
+    for q in range(batch.offsets.size - 1):
+        sl = slice(batch.offsets[q], batch.offsets[q + 1])
+        scale = max(1.0, float(np.abs(out[sl]).max(initial=0.0)))
+        tol = 1e-12 if batch.values.dtype == np.float64 else 1e-5
+        assert abs(np.sum(lengths[sl] * out[sl])) <= tol * scale * lengths[sl].sum()
+
+
+# Dyadic rewards (multiples of 1/64 in [-8, 8]) and integer shifts add exactly, so the
+# deviations from the group's shift are identical.  The kernels let LLVM reassociate
+# (that is what vectorizes the sums), so outputs may still differ by a few ulps of the
+# shifted rewards relative to the group spread (>= 1/64): 1e-10 bounds that with room.
+dyadic_batches = ragged_batches(dtype=np.float64, bound=8.0).map(
+    lambda b: type(b)(np.round(b.values * 64) / 64, b.offsets))
+
+
+@given(batch=dyadic_batches, shift=st.integers(-100, 100),
+       name=st.sampled_from(("grpo", "dr_grpo", "rloo", "batch_std", "opo", "passk",
+                             "reinforce_pp_baseline")))
+def test_translation_invariance_on_exactly_shifted_rewards(batch, shift, name):
+    base = call(name, batch.values, batch.offsets, singleton="zero")
+    moved = call(name, batch.values + shift, batch.offsets, singleton="zero")
+    np.testing.assert_allclose(moved, base, rtol=0, atol=1e-10)
+
+
+@given(batch=ragged_batches(dtype=np.float64), shift=st.floats(-1e3, 1e3))
+def test_translation_invariance_general_floats(batch, shift):
+    base = grpo(batch.values, batch.offsets, eps=0.0)
+    moved = grpo(batch.values + shift, batch.offsets, eps=0.0)
+    # Adding `shift` rounds every reward at ulp(|r| + |shift|); relative to each group's
+    # spread that error is what the advantages may move by.
+    for q in range(batch.offsets.size - 1):
+        sl = slice(batch.offsets[q], batch.offsets[q + 1])
+        spread = np.ptp(batch.values[sl]) if sl.stop > sl.start else 0.0
+        assume(spread == 0.0 or spread > 1e-6 * (abs(shift) + np.abs(batch.values).max()))
+    np.testing.assert_allclose(moved, base, atol=1e-6)
+
+
+@given(batch=ragged_batches(dtype=np.float64), power=st.integers(-20, 20),
+       eps=st.sampled_from([0.0, 1e-6, 1e-4]))
+def test_grpo_positive_scale_invariance(batch, power, eps):
+    # Scaling by a power of two is exact: grpo(c r; c eps) == grpo(r; eps) bit for bit.
+    c = 2.0**power
+    np.testing.assert_array_equal(grpo(batch.values * c, batch.offsets, eps=eps * c),
+                                  grpo(batch.values, batch.offsets, eps=eps))
+
+
+@given(batch=ragged_batches(dtype=np.float64), c=st.floats(1e-3, 1e3))
+def test_grpo_scale_invariance_up_to_eps(batch, c):
+    eps = 1e-6
+    a = grpo(batch.values, batch.offsets, eps=eps)
+    b = grpo(batch.values * c, batch.offsets, eps=eps)
+    # |u|/(s+eps) - |u|/(s+eps/c) is at most |u|/s * eps |1 - 1/c| / s.
+    for q in range(batch.offsets.size - 1):
+        sl = slice(batch.offsets[q], batch.offsets[q + 1])
+        r = batch.values[sl]
+        if r.size < 2:
+            continue
+        std = np.std(r, ddof=1)
+        bound = 1e-9 if std == 0 else (
+            np.abs(r - r.mean()).max() / std * eps * abs(1 - 1 / c) / std + 1e-9)
+        assert np.abs(a[sl] - b[sl]).max() <= bound
+
+
+@given(batch=ragged_batches(), name=st.sampled_from(POINT_ESTIMATORS), seed=st.integers(0, 99))
+def test_group_ids_path_equals_offsets_path(batch, name, seed):
+    rng = np.random.default_rng(seed)
+    labels = np.repeat([f"uid-{q}" for q in range(batch.sizes.size)], batch.sizes)
+    perm = rng.permutation(batch.values.size)
+    lengths = _lengths_for(batch.values)
+    by_offsets = call(name, batch.values, batch.offsets, lengths=lengths)
+    by_ids = call(name, batch.values[perm], group_ids=labels[perm].tolist(),
+                  lengths=lengths[perm])
+    assert_close(by_ids, by_offsets[perm], batch.values.dtype)
+
+
+@given(rewards=dense_batches(), name=st.sampled_from(POINT_ESTIMATORS))
+def test_dense_equals_ragged(rewards, name):
+    n_groups, width = rewards.shape
+    dense = call(name, rewards)
+    offsets = np.arange(n_groups + 1) * width
+    lengths = np.arange(1, rewards.size + 1, dtype=float)
+    ragged = call(name, rewards.reshape(-1), offsets, lengths=lengths)
+    assert dense.shape == rewards.shape
+    np.testing.assert_array_equal(dense.reshape(-1), ragged)
+
+
+# ---------------------------------------------------------------- threads and caching
+
+
+def test_parallel_kernel_is_bitwise_identical_for_any_thread_count():
+    rng = np.random.default_rng(7)
+    sizes = rng.integers(0, 40, size=12_000)
+    offsets = offsets_from_sizes(sizes)
+    x = rng.normal(size=int(offsets[-1]))
+    assert x.size >= point_numba.PARALLEL_MIN_SIZE  # the threaded kernel runs
+    args = (x, offsets, GRPO, 1e-6, 1, False, False, 1.0, np.inf)
+    previous = numba.get_num_threads()
+    try:
+        results = []
+        for threads in range(1, numba.config.NUMBA_NUM_THREADS + 1):
+            numba.set_num_threads(threads)
+            results.append(point_numba.center_scale(*args)[0])
+    finally:
+        numba.set_num_threads(previous)
+    serial = np.empty_like(x)
+    point_numba._center_scale_serial(x, offsets, GRPO, 1e-6, 1, False, False, 1.0, np.inf,
+                                     serial, np.empty(sizes.size), np.empty(sizes.size))
+    for result in results:
+        assert result.tobytes() == serial.tobytes()
+
+
+def test_kernels_are_cached_on_disk():
+    for name in ("_center_scale_serial", "_center_scale_parallel", "_opo_serial",
+                 "_passk_serial"):
+        dispatcher = getattr(point_numba, name)
+        assert dispatcher._cache.__class__.__name__ == "FunctionCache"
+
+
+def test_import_does_not_load_numba():
+    import subprocess
+    import sys
+
+    code = "import sys, advcal; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+    assert advcal.__version__
