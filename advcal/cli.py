@@ -272,7 +272,7 @@ def _plot(diag: ScaleDiagnostics, path: str) -> None:
         bins = np.geomspace(low / 1.5, high * 1.5, 50)
         for d in diag.methods.values():
             if d.inverse_scale.size:
-                ax.hist(d.inverse_scale, bins=bins, histtype="step", linewidth=1.5,
+                ax.hist(d.inverse_scale, bins=bins.tolist(), histtype="step", linewidth=1.5,
                         label=f"{d.method} (P99 {d.inverse_scale_p99:.3g})")
         ax.set_xscale("log")
     ax.axvline(1.0 / diag.tau_res, color="black", linestyle="--", linewidth=1,

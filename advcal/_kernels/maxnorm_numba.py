@@ -13,14 +13,39 @@ affine map of the binned reward), so the second pass can write ``w = u / s`` at 
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 from numba import njit, prange
 
-from advcal._kernels.modes import FASTMATH, compile_pair
-
 # Below this many rewards a thread launch costs more than it saves.
 PARALLEL_MIN_SIZE = 1 << 16
+
+# Reassociation lets LLVM vectorize the sums.  Unlike ``modes.FASTMATH`` no "arcp" or
+# "contract": binning divides by ``inv_delta`` and must not become a multiplication by
+# ``delta`` (fused into an FMA), or bins would land off the decimal grid the numpy
+# reference hits (lo + k / 100 is the double nearest the decimal; lo + 0.01 * k is not).
+FASTMATH = frozenset({"reassoc", "nsz"})
+
+
+def compile_pair(loop):
+    """``modes.compile_pair`` with this module's fast-math flags: serial and prange copies."""
+    def renamed(suffix):
+        fn = types.FunctionType(loop.__code__, loop.__globals__, loop.__name__ + suffix,
+                                loop.__defaults__, loop.__closure__)
+        fn.__qualname__ = loop.__qualname__ + suffix
+        return fn
+
+    flags = set(FASTMATH)
+    return (njit(cache=True, error_model="numpy", fastmath=flags)(renamed("_serial")),
+            njit(cache=True, error_model="numpy", fastmath=flags, parallel=True)(
+                renamed("_parallel")))
+
+
+@njit(cache=True)
+def _is_finite(v):
+    # Outside fast-math, where no rewrite may assume the value finite.
+    return math.isfinite(v)
 
 
 @njit(cache=True, inline="always", fastmath=set(FASTMATH))
@@ -38,7 +63,7 @@ def _bin(v, lo, hi, clip, delta, inv_delta, kmax):
         k = 0.0
     elif k > kmax:
         k = kmax
-    b = lo + delta * k
+    b = lo + k / inv_delta
     return hi if b > hi else b
 
 
@@ -46,7 +71,7 @@ def _resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan,
              out, keep, rmin, rmax, flag):
     for q in prange(offsets.size - 1):
         n = 0
-        bad = 0.0
+        finite = True
         low = math.inf
         high = -math.inf
         bmin = math.inf
@@ -56,7 +81,7 @@ def _resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan,
             if omit_nan and math.isnan(v):
                 out[i] = v
                 continue
-            bad += v - v  # NaN once any valid reward is NaN or inf
+            finite &= _is_finite(v)
             low = min(low, v)
             high = max(high, v)
             b = _bin(v, lo, hi, clip, delta, inv_delta, kmax)
@@ -67,7 +92,7 @@ def _resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan,
         keep[q] = n >= 2 and bmin != bmax
         rmin[q] = low
         rmax[q] = high
-        flag[q] = bad
+        flag[q] = 0.0 if finite else math.nan
 
 
 def _maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta,
@@ -76,7 +101,7 @@ def _maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delt
         start = offsets[q]
         stop = offsets[q + 1]
         n = 0
-        bad = 0.0
+        finite = True
         low = math.inf
         high = -math.inf
         bmin = math.inf
@@ -87,7 +112,7 @@ def _maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delt
             v = np.float64(x[i])
             if omit_nan and math.isnan(v):
                 continue
-            bad += v - v
+            finite &= _is_finite(v)
             low = min(low, v)
             high = max(high, v)
             b = _bin(v, lo, hi, clip, delta, inv_delta, kmax)
@@ -102,10 +127,10 @@ def _maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delt
         rmax[q] = high
         keep[q] = n >= 2 and bmin != bmax
         scale[q] = tau
-        if bad != 0.0 or n == 0 or (n == 1 and not raw_singletons):
+        if not finite or n == 0 or (n == 1 and not raw_singletons):
             for i in range(start, stop):
                 out[i] = 0.0
-            amax[q] = bad  # NaN for a non-finite reward, else 0
+            amax[q] = 0.0 if finite else math.nan
             continue
         if n == 1:  # verl's convention for a lone response: baseline 0
             shift = 0.0
@@ -129,7 +154,8 @@ def _maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delt
             u = ((b - shift) - mean) * factor
             if abs(u) < dead_zone:
                 u = 0.0
-            # The clamp keeps |w| <= 1 when LLVM divides by multiplying with 1/s.
+            # |u| <= s makes the exact quotient at most 1; the clamp guards the bound
+            # should LLVM ever round m and u differently.
             out[i] = min(max(u / s, -1.0), 1.0)
 
 

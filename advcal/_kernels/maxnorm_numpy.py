@@ -9,7 +9,9 @@ Shared arguments (validated by ``advcal.resolution``):
 * ``lo, hi``: the reward bounds (``-inf, inf`` when none); ``clip`` clips into them.
 * ``delta, inv_delta, kmax``: the resolution, its reciprocal and the top bin index;
   ``delta == 0`` switches binning off.  Bin index ``k = rint((r - lo) * inv_delta)``
-  clamped to ``[0, kmax]``, binned reward ``min(lo + delta * k, hi)``.
+  clamped to ``[0, kmax]``, binned reward ``min(lo + k / inv_delta, hi)`` (dividing by
+  ``inv_delta = 100`` puts bin 70 of resolution 0.01 exactly on the double nearest 0.7;
+  ``lo + 0.01 * 70`` would not).
 * ``omit_nan``: NaN rewards are left out of the group and get 0 (``maxnorm``) or stay
   NaN (``resolve``).
 
@@ -40,7 +42,7 @@ def _bin(r, lo, hi, clip, delta, inv_delta, kmax):
         return r
     with np.errstate(invalid="ignore"):
         k = np.clip(np.rint((r - lo) * inv_delta), 0.0, kmax)
-        return np.minimum(lo + delta * k, hi)
+        return np.minimum(lo + k / inv_delta, hi)
 
 
 def _extremes(r):
