@@ -1,0 +1,327 @@
+"""Scale diagnostics and the direction cosine (DESIGN §3): hand-derived values,
+definitions re-derived independently, layouts, bad input."""
+
+from __future__ import annotations
+
+import math
+import traceback
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from advcal import (
+    MethodDiagnostics,
+    ScaleDiagnostics,
+    direction_cosine,
+    maxnorm,
+    offsets_from_sizes,
+    rloo,
+    scale_diagnostics,
+)
+from advcal.cli import demo_reward_log
+from tests.strategies import FLOAT_DTYPES, garbage_arrays, ragged_batches
+
+ALL_METHODS = ("grpo", "dr_grpo", "rloo", "maxnorm")
+STAT_FIELDS = ("inverse_scale_p50", "inverse_scale_p95", "inverse_scale_p99",
+               "inverse_scale_max", "beta_eff_min", "beta_eff_max", "reward_kl_ratio")
+
+
+def own_error_or_result(fn, *args, **kwargs):
+    """Call ``fn``; a failure must be advcal's own ValueError/TypeError."""
+    try:
+        return fn(*args, **kwargs)
+    except (ValueError, TypeError) as exc:
+        origin = traceback.extract_tb(exc.__traceback__)[-1].filename
+        assert "/advcal/" in origin, f"error raised outside advcal: {origin}: {exc}"
+        return None
+
+
+# --------------------------------------------------------------------------- hand-derived
+
+REWARDS = np.array([[1.0, 0.0, 1.0, 0.0], [0.7, 0.7001, 0.7, 0.6999], [0.5, 0.5, 0.5, 0.5]])
+
+
+def test_hand_example_all_methods():
+    diag = scale_diagnostics(REWARDS, methods=ALL_METHODS, beta=0.04, tau_res=0.01, eps=1e-6)
+    assert isinstance(diag, ScaleDiagnostics)
+    assert list(diag.methods) == list(ALL_METHODS)
+    assert diag.n_groups == 3 and diag.n_responses == 12
+    # GRPO: group 0 std sqrt(1/3); group 1 deviations (0, 1e-4, 0, -1e-4): std sqrt(2e-8 / 3)
+    s = np.array([np.sqrt(1 / 3), np.sqrt(2e-8 / 3)]) + 1e-6
+    g = diag["grpo"]
+    assert isinstance(g, MethodDiagnostics)
+    np.testing.assert_allclose(g.inverse_scale, 1 / s, rtol=1e-9)
+    np.testing.assert_allclose(g.inverse_scale_p50, np.mean(1 / s), rtol=1e-9)
+    np.testing.assert_allclose(g.inverse_scale_p95, 1 / s[0] + 0.95 * (1 / s[1] - 1 / s[0]),
+                               rtol=1e-9)
+    np.testing.assert_allclose(g.inverse_scale_max, 1 / s[1], rtol=1e-9)
+    np.testing.assert_allclose([g.beta_eff_min, g.beta_eff_max], 0.04 * s[::-1], rtol=1e-9)
+    # mean |w| per group: 0.5 / s_q (every |u| is 0.5) and (1e-4 / 2) / s_q
+    np.testing.assert_allclose(g.reward_kl_ratio, np.mean([0.5 / s[0], 0.5e-4 / s[1]]) / 0.04,
+                               rtol=1e-9)
+    np.testing.assert_allclose(g.max_abs_weight, 1e-4 / s[1], rtol=1e-6)
+    assert g.zero_gap_fraction == pytest.approx(1 / 3) and g.n_informative == 2
+    assert g.direction_cosine is None
+    # Dr.GRPO and RLOO: scale 1
+    for name, mean_abs in (("dr_grpo", [0.5, 0.5e-4]), ("rloo", [2 / 3, 4 / 3 * 0.5e-4])):
+        d = diag[name]
+        assert d.inverse_scale.tolist() == [1.0, 1.0]
+        assert (d.inverse_scale_p50, d.inverse_scale_p99, d.inverse_scale_max) == (1, 1, 1)
+        assert (d.beta_eff_min, d.beta_eff_max) == (0.04, 0.04)
+        np.testing.assert_allclose(d.reward_kl_ratio, np.mean(mean_abs) / 0.04, rtol=1e-9)
+    # MaxNorm: group 0 rloo u = +-2/3 -> s = 2/3; group 1 max|u| = 4/3 * 1e-4 < tau -> s = tau
+    m = diag["maxnorm"]
+    np.testing.assert_allclose(m.inverse_scale, [1.5, 100.0], rtol=1e-12)
+    np.testing.assert_allclose([m.beta_eff_min, m.beta_eff_max], [0.04 * 0.01, 0.04 * 2 / 3],
+                               rtol=1e-12)
+    np.testing.assert_allclose(m.reward_kl_ratio,
+                               np.mean([1.0, 4 / 3 * 0.5e-4 / 0.01]) / 0.04, rtol=1e-9)
+    assert m.max_abs_weight == pytest.approx(1.0)
+
+
+def test_resolution_lets_maxnorm_skip_jittered_groups():
+    diag = scale_diagnostics(REWARDS, methods=("grpo", "maxnorm"), resolution=0.01)
+    assert diag["grpo"].zero_gap_fraction == pytest.approx(1 / 3)
+    assert diag["maxnorm"].zero_gap_fraction == pytest.approx(2 / 3)
+    np.testing.assert_allclose(diag["maxnorm"].inverse_scale, [1.5])
+    assert diag.resolution == 0.01
+
+
+def test_no_informative_group_gives_documented_nan():
+    diag = scale_diagnostics([[0.3, 0.3], [1.0, 1.0]], methods=ALL_METHODS)
+    for d in diag.methods.values():
+        assert d.zero_gap_fraction == 1.0 and d.n_informative == 0
+        assert all(math.isnan(getattr(d, f)) for f in STAT_FIELDS)
+        assert d.max_abs_weight == 0.0
+    assert "n/a" in diag.table()
+
+
+def test_reference_scoring_adds_direction_cosine():
+    same = scale_diagnostics(REWARDS, methods=ALL_METHODS, reference=REWARDS)
+    for d in same.methods.values():
+        assert d.direction_cosine == pytest.approx(1.0)
+    flipped = scale_diagnostics(REWARDS, methods=("rloo",), reference=1.0 - REWARDS)
+    assert flipped["rloo"].direction_cosine == pytest.approx(-1.0)
+    # a reference with no gap anywhere has zero weights: no direction, NaN
+    flat = scale_diagnostics(REWARDS, methods=("rloo",), reference=np.ones_like(REWARDS))
+    assert math.isnan(flat["rloo"].direction_cosine)
+    assert "cosine" in flat.table() and "n/a" in flat.table()
+    # matches direction_cosine on the estimator outputs
+    noisy = REWARDS + np.array([1e-3, -2e-3, 0.0, 5e-4])
+    diag = scale_diagnostics(noisy, methods=("rloo", "maxnorm"), reference=REWARDS)
+    assert diag["rloo"].direction_cosine == pytest.approx(
+        direction_cosine(rloo(noisy), rloo(REWARDS)), abs=1e-12)
+    assert diag["maxnorm"].direction_cosine == pytest.approx(
+        direction_cosine(maxnorm(noisy, tau_res=0.01), maxnorm(REWARDS, tau_res=0.01)),
+        abs=1e-12)
+
+
+def test_table_lists_every_method_and_the_options():
+    table = str(scale_diagnostics(REWARDS, methods=("maxnorm", "grpo"), tau_res=0.02))
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["method", "1/s", "P50"]
+    assert lines[1].startswith("maxnorm") and lines[2].startswith("grpo")
+    assert "MaxNorm cap 1/tau_res = 50" in lines[-1]
+    assert "cosine" not in lines[0]
+
+
+def test_singletons_and_empty_groups_enter_no_statistic():
+    values = np.array([0.9, 0.0, 1.0, 0.2])
+    diag = scale_diagnostics(values, offsets=[0, 1, 1, 3, 4], methods=("rloo", "maxnorm"))
+    assert diag.n_groups == 1
+    # the pair (0, 1): rloo u = 2 * (-0.5, 0.5) -> s = 1
+    assert diag["maxnorm"].inverse_scale.tolist() == [1.0]
+    assert diag["rloo"].zero_gap_fraction == 0.0
+
+
+def test_paper_finding_on_the_demo_log():
+    # On low-variance groups GRPO's inverse-scale tail is orders of magnitude above
+    # MaxNorm's hard cap 1/tau_res, and jitter rotates GRPO's update direction more.
+    noisy, clean = demo_reward_log(0)
+    diag = scale_diagnostics(noisy, tau_res=0.01, reference=clean)
+    assert diag["grpo"].inverse_scale_p99 >= 10 * 100
+    assert diag["maxnorm"].inverse_scale_max <= 100.0
+    assert diag["maxnorm"].inverse_scale_p99 == pytest.approx(100.0)
+    assert diag["grpo"].direction_cosine < diag["maxnorm"].direction_cosine
+    assert diag["maxnorm"].beta_eff_min >= 0.04 * 0.01
+
+
+# --------------------------------------------------------------------------- properties
+
+
+def independent_grpo_inverse_scales(values, offsets, eps):
+    out = []
+    for q in range(len(offsets) - 1):
+        r = values[offsets[q]:offsets[q + 1]].astype(np.float64)
+        if r.size >= 2 and r.min() != r.max():
+            out.append(1.0 / (np.std(r, ddof=1) + eps))
+    return np.array(out)
+
+
+@given(batch=ragged_batches(min_size=0), tau=st.floats(1e-3, 10.0),
+       beta=st.floats(1e-3, 1.0), eps=st.sampled_from([1e-6, 1e-4, 0.0]))
+def test_definitions_hold_on_random_batches(batch, tau, beta, eps):
+    sizes = batch.sizes
+    if not (sizes >= 2).any():
+        with pytest.raises(ValueError, match="no group with two or more responses"):
+            scale_diagnostics(batch.values, batch.offsets)
+        return
+    diag = scale_diagnostics(batch.values, batch.offsets, methods=ALL_METHODS, beta=beta,
+                             tau_res=tau, eps=eps)
+    groups = [batch.values[batch.offsets[q]:batch.offsets[q + 1]] for q in range(sizes.size)]
+    scorable = [g for g in groups if g.size >= 2]
+    zero_gap = np.mean([g.min() == g.max() for g in scorable])
+    for d in diag.methods.values():
+        assert d.zero_gap_fraction == pytest.approx(zero_gap)
+        assert d.n_informative == round(len(scorable) * (1 - zero_gap))
+        if d.n_informative:
+            assert d.inverse_scale_p50 <= d.inverse_scale_p95 <= d.inverse_scale_p99 \
+                <= d.inverse_scale_max
+            assert d.beta_eff_min <= d.beta_eff_max
+            assert d.reward_kl_ratio >= 0
+    m = diag["maxnorm"]
+    assert np.all(m.inverse_scale <= 1.0 / tau)
+    assert m.max_abs_weight <= 1.0
+    if m.n_informative:
+        assert m.beta_eff_min >= beta * tau
+    for name in ("rloo", "dr_grpo"):
+        assert np.all(diag[name].inverse_scale == 1.0)
+    if eps > 0:
+        np.testing.assert_allclose(
+            diag["grpo"].inverse_scale,
+            independent_grpo_inverse_scales(batch.values, batch.offsets, eps), rtol=1e-6)
+
+
+@given(batch=ragged_batches(min_size=2, max_groups=6), seed=st.integers(0, 2**32 - 1))
+def test_layouts_agree(batch, seed):
+    if batch.sizes.size == 0:
+        return
+    diag = scale_diagnostics(batch.values, batch.offsets, methods=ALL_METHODS)
+    labels = np.repeat(np.arange(batch.sizes.size), batch.sizes)
+    perm = np.random.default_rng(seed).permutation(batch.values.size)
+    by_ids = scale_diagnostics(batch.values[perm], group_ids=labels[perm], methods=ALL_METHODS)
+    for name in ALL_METHODS:
+        a, b = diag[name], by_ids[name]
+        assert a.zero_gap_fraction == b.zero_gap_fraction
+        for f in STAT_FIELDS:
+            np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=1e-5)
+    if np.all(batch.sizes == batch.sizes[0]):
+        dense = scale_diagnostics(batch.values.reshape(batch.sizes.size, -1),
+                                  methods=ALL_METHODS)
+        for name in ALL_METHODS:
+            np.testing.assert_array_equal(dense[name].inverse_scale, diag[name].inverse_scale)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_float32_and_float64(dtype):
+    diag = scale_diagnostics(REWARDS.astype(dtype), methods=ALL_METHODS)
+    ref = scale_diagnostics(REWARDS, methods=ALL_METHODS)
+    for name in ALL_METHODS:
+        np.testing.assert_allclose(diag[name].inverse_scale, ref[name].inverse_scale,
+                                   rtol=1e-2 if name == "grpo" else 1e-6)
+
+
+def test_numpy_backend_agrees():
+    a = scale_diagnostics(REWARDS, methods=ALL_METHODS, reference=REWARDS[::-1])
+    b = scale_diagnostics(REWARDS, methods=ALL_METHODS, reference=REWARDS[::-1],
+                          backend="numpy")
+    for name in ALL_METHODS:
+        for f in (*STAT_FIELDS, "direction_cosine", "max_abs_weight"):
+            np.testing.assert_allclose(getattr(a[name], f), getattr(b[name], f), rtol=1e-9)
+
+
+# --------------------------------------------------------------------------- direction cosine
+
+
+def test_direction_cosine_hand_examples():
+    # (1, -1, 0) . (1, 0, -1) = 1; norms sqrt(2) each
+    assert direction_cosine([[1.0, -1.0, 0.0]], [[1.0, 0.0, -1.0]]) == pytest.approx(0.5)
+    assert direction_cosine([3.0, 4.0], [4.0, -3.0]) == pytest.approx(0.0, abs=1e-15)
+    assert direction_cosine([1.0, 2.0], [-2.0, -4.0]) == -1.0
+    # no overflow or underflow for extreme magnitudes
+    assert direction_cosine([1e300, 1e300], [1e-300, 1e-300]) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("a", "b", "error", "message"), [
+    ([0.0, 0.0], [1.0, 2.0], ValueError, r"`w_a` is a zero \(or empty\) vector"),
+    ([1.0, 2.0], [0.0, 0.0], ValueError, r"`w_b` is a zero \(or empty\) vector"),
+    ([], [], ValueError, r"`w_a` is a zero \(or empty\) vector"),
+    ([1.0, 2.0], [1.0, 2.0, 3.0], ValueError,
+     r"`w_a` and `w_b` must have the same shape; got \(2,\) and \(3,\)\."),
+    ([1.0, np.nan], [1.0, 2.0], ValueError, r"`w_a` must be finite\."),
+    ([1.0, 2.0], [np.inf, 2.0], ValueError, r"`w_b` must be finite\."),
+    (["a", "b"], [1.0, 2.0], TypeError, r"`w_a` must be an array of real numbers"),
+])
+def test_direction_cosine_errors(a, b, error, message):
+    with pytest.raises(error, match=message):
+        direction_cosine(a, b)
+
+
+finite_vectors = st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=30)
+
+
+@given(a=finite_vectors, data=st.data(), c=st.floats(1e-3, 1e3))
+def test_direction_cosine_properties(a, data, c):
+    b = data.draw(st.lists(st.floats(-1e6, 1e6), min_size=len(a), max_size=len(a)))
+    a, b = np.array(a), np.array(b)
+    if not (np.any(a) and np.any(b)):
+        return
+    cos = direction_cosine(a, b)
+    assert -1.0 <= cos <= 1.0
+    assert direction_cosine(b, a) == pytest.approx(cos, abs=1e-12)
+    assert direction_cosine(c * a, b) == pytest.approx(cos, abs=1e-12)
+    assert direction_cosine(-a, b) == pytest.approx(-cos, abs=1e-12)
+    assert direction_cosine(a, a) == pytest.approx(1.0, abs=1e-12)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"methods": ("grpo", "ppo")}, ValueError,
+     r"`methods` must be one of 'grpo', 'dr_grpo', 'rloo', 'maxnorm'; got 'ppo'\."),
+    ({"methods": ()}, ValueError, r"`methods` must name at least one estimator\."),
+    ({"methods": ("rloo", "rloo")}, ValueError, r"`methods` must not repeat a name"),
+    ({"methods": 3}, TypeError, r"`methods` must be a sequence of estimator names; got int\."),
+    ({"beta": 0.0}, ValueError, r"`beta` must lie in \(0\.0, inf\]; got 0\.0\."),
+    ({"tau_res": -1.0}, ValueError, r"`tau_res` must lie in \(0\.0, inf\]"),
+    ({"eps": -1.0}, ValueError, r"`eps` must lie in \[0\.0, inf\]"),
+    ({"resolution": 2.0}, ValueError, r"`resolution` must lie in \(0\.0, 1\.0\]"),
+    ({"reference": [[1.0]]}, ValueError, r"`reference` must have shape \(3, 4\); got \(1, 1\)"),
+    ({"reference": np.full((3, 4), np.nan)}, ValueError, r"`reference` must be finite"),
+    ({"backend": "gpu"}, ValueError, r"`backend` must be one of"),
+])
+def test_option_errors(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        scale_diagnostics(REWARDS, **kwargs)
+
+
+def test_rewards_errors():
+    with pytest.raises(ValueError, match=r"`rewards` must be finite \(NaN or inf found\)\."):
+        scale_diagnostics([[0.0, np.nan]])
+    with pytest.raises(ValueError, match="no group with two or more responses"):
+        scale_diagnostics([0.1, 0.2], offsets=[0, 1, 2])
+    with pytest.raises(ValueError, match=r"`rewards` must lie in `bounds`"):
+        scale_diagnostics([[0.0, 2.0]], resolution=0.1)
+
+
+@given(rewards=garbage_arrays(), offsets=st.one_of(st.none(), garbage_arrays()),
+       reference=st.one_of(st.none(), garbage_arrays()),
+       tau=st.one_of(st.floats(), st.just(0.01)), beta=st.one_of(st.floats(), st.just(0.04)))
+def test_garbage_input_gives_only_advcal_errors(rewards, offsets, reference, tau, beta):
+    diag = own_error_or_result(scale_diagnostics, rewards, offsets, methods=ALL_METHODS,
+                               tau_res=tau, beta=beta, reference=reference)
+    if diag is not None:
+        for d in diag.methods.values():
+            if d.n_informative:
+                assert not any(math.isnan(getattr(d, f)) for f in STAT_FIELDS)
+            assert not math.isnan(d.max_abs_weight) and not math.isnan(d.zero_gap_fraction)
+    own_error_or_result(direction_cosine, rewards, reference)
+
+
+def test_sizes_helper_used_in_examples():
+    offsets = offsets_from_sizes([2, 3])
+    diag = scale_diagnostics([0.0, 1.0, 0.2, 0.2, 0.2], offsets, methods=("maxnorm",))
+    assert diag["maxnorm"].zero_gap_fraction == 0.5
