@@ -41,9 +41,12 @@ $(STAMP_DOCS): requirements-docs.txt | $(STAMP_RUN)
 	$(BIN)/pip install -q -r requirements-docs.txt
 	touch $@
 
-# The documentation site, built strictly (any warning fails) into site/.
+# The documentation site, built strictly (any warning fails) into site/; the notebooks are
+# executed for their figures at ADVCAL_NOTEBOOK_SIZE (reduced unless set).
+ADVCAL_NOTEBOOK_SIZE ?= reduced
 docs: $(STAMP_DOCS)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+	ADVCAL_NOTEBOOK_SIZE=$(ADVCAL_NOTEBOOK_SIZE) MPLBACKEND=module://matplotlib_inline.backend_inline \
+		NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

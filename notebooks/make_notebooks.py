@@ -45,7 +45,8 @@ print(f"advcal {{advcal.__version__}}, size: {{SIZE}}")'''
 
 SIZE_NOTE = (
     "Set the environment variable `ADVCAL_NOTEBOOK_SIZE=reduced` for the quick run that CI "
-    "executes; the default, `full`, is the size the figures were designed for."
+    "executes (the documentation site shows that run); the default, `full`, is the size the "
+    "figures were designed for."
 )
 
 # --------------------------------------------------------------------------------------------
