@@ -31,7 +31,9 @@ from advcal.estimators import (
     rloo,
 )
 from advcal.layouts import GroupIndex, groups_from_ids, offsets_from_sizes
+from advcal.recovery import Recovery, recover
 from advcal.resolution import MaxNormResult, ResolvedRewards, maxnorm, resolve_rewards
+from advcal.risk import ThresholdSelection, select_threshold, setgrpo
 from advcal.sets import (
     CoefficientSets,
     SetCalibration,
@@ -47,12 +49,14 @@ __all__ = [
     "ESTIMATORS",
     "GroupIndex",
     "RangeCalibration",
+    "Recovery",
     "RewardRanges",
     "MaxNormResult",
     "MethodDiagnostics",
     "ResolvedRewards",
     "ScaleDiagnostics",
     "SetCalibration",
+    "ThresholdSelection",
     "__version__",
     "advantages",
     "batch_std",
@@ -71,10 +75,13 @@ __all__ = [
     "offsets_from_sizes",
     "opo",
     "passk",
+    "recover",
     "reinforce_pp_baseline",
     "resolve_rewards",
     "risk_p_value",
     "rloo",
     "scale_diagnostics",
+    "select_threshold",
+    "setgrpo",
     "ucb",
 ]

@@ -1,0 +1,439 @@
+"""Numba kernel of GGSR recovery (DESIGN §6.2); oracle: ``recovery_numpy``.
+
+Per group: check the Gram block, solve the anchor's trust-region subproblem, then find η*
+for every threshold.  No eigendecomposition: H = R K R is reduced to tridiagonal form once
+(Householder), after which every evaluation of the secular equation is O(n) (a
+tridiagonal Cholesky), and every quantity of the recovery path is a quadratic polynomial
+in η precomputed in O(n²), so each feasibility test of η is O(1).
+
+Inputs are validated by ``advcal.recovery``: float64 contiguous arrays, offsets valid,
+``root`` and ``gram`` hold one row-major n_q × n_q block per group at ``boffsets``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from advcal._kernels.modes import FASTMATH, compile_pair
+from advcal._kernels.recovery_numpy import (
+    GRAM_RTOL,
+    NOT_FINITE,
+    NOT_PSD,
+    NOT_SYMMETRIC,
+    OK,
+    ZERO_CENTER_RTOL,
+    ZERO_UPDATE_RTOL,
+)
+
+_FASTMATH = set(FASTMATH)
+ETA_TOL = 1e-13  # absolute accuracy of η*
+GOLDEN = 0.6180339887498949
+CHUNK = 32  # groups per scratch allocation
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _check_gram(k, base, n, work):
+    """Status of one Gram block: finite, symmetric and PSD within GRAM_RTOL·max diag."""
+    scale = 0.0
+    for i in range(n):
+        for j in range(n):
+            v = k[base + i * n + j]
+            if not math.isfinite(v):
+                return NOT_FINITE, 0.0
+        d = k[base + i * n + i]
+        if d > scale:
+            scale = d
+    tol = GRAM_RTOL * scale
+    for i in range(n):
+        for j in range(i + 1, n):
+            if abs(k[base + i * n + j] - k[base + j * n + i]) > tol:
+                return NOT_SYMMETRIC, scale
+    # PSD within tolerance: K + tol·I must have a Cholesky factor.
+    shift = tol + 1e-300
+    for i in range(n):
+        for j in range(i + 1):
+            s = 0.5 * (k[base + i * n + j] + k[base + j * n + i])
+            if i == j:
+                s += shift
+            for p in range(j):
+                s -= work[i, p] * work[j, p]
+            if i == j:
+                if s <= 0.0:
+                    return NOT_PSD, scale
+                work[i, i] = math.sqrt(s)
+            else:
+                work[i, j] = s / work[j, j]
+    return OK, scale
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _matvec(m, base, n, x, out):
+    for i in range(n):
+        s = 0.0
+        row = base + i * n
+        for j in range(n):
+            s += m[row + j] * x[j]
+        out[i] = s
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _dot(x, y, n):
+    s = 0.0
+    for i in range(n):
+        s += x[i] * y[i]
+    return s
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _tridiagonalize(h, n, vs, diag, off, p):
+    """Householder reduction of the symmetric h (n x n, overwritten) to tridiagonal form.
+
+    Row k of ``vs`` holds the unit Householder vector of step k (entries k+1..n-1; the
+    rest is never read).  Only the trailing block is updated, by the symmetric rank-2
+    update A <- A − v qᵀ − q vᵀ with q = 2p − 2(vᵀp)v, p = A v.
+    """
+    for k in range(n - 2):
+        norm2 = 0.0
+        for i in range(k + 1, n):
+            norm2 += h[i, k] * h[i, k]
+        if norm2 == 0.0:
+            for i in range(k + 1, n):
+                vs[k, i] = 0.0
+            off[k] = 0.0
+            continue
+        x0 = h[k + 1, k]
+        norm = math.sqrt(norm2)
+        alpha = -norm if x0 >= 0 else norm
+        # ‖x − αe₁‖² = 2‖x‖² + 2|x₀|‖x‖ > 0 (α has the opposite sign of x₀).
+        inv = 1.0 / math.sqrt(2.0 * norm2 + 2.0 * abs(x0) * norm)
+        vs[k, k + 1] = (x0 - alpha) * inv
+        for i in range(k + 2, n):
+            vs[k, i] = h[i, k] * inv
+        off[k] = alpha
+        vtp = 0.0
+        for i in range(k + 1, n):
+            s = 0.0
+            for j in range(k + 1, n):
+                s += h[i, j] * vs[k, j]
+            p[i] = s
+            vtp += vs[k, i] * s
+        for i in range(k + 1, n):
+            p[i] = 2.0 * p[i] - 2.0 * vtp * vs[k, i]
+        for i in range(k + 1, n):
+            vi = vs[k, i]
+            pi = p[i]
+            for j in range(k + 1, n):
+                h[i, j] -= vi * p[j] + pi * vs[k, j]
+    for i in range(n):
+        diag[i] = h[i, i]
+    if n >= 2:
+        off[n - 2] = h[n - 1, n - 2]
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _apply_reflectors(vs, n, x, transpose):
+    """x <- Qᵀx (``transpose``) or Qx with Q = H_0 H_1 ... H_{n-3}."""
+    steps = n - 2
+    for t in range(steps):
+        k = t if transpose else steps - 1 - t
+        s = 0.0
+        for i in range(k + 1, n):
+            s += vs[k, i] * x[i]
+        if s != 0.0:
+            for i in range(k + 1, n):
+                x[i] -= 2.0 * s * vs[k, i]
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _tri_solve(diag, off, n, mu, rhs, y, w, lo, ld):
+    """Solve (T + μI) y = rhs by a tridiagonal LDLᵀ; ‖L_c⁻¹ y‖² of the Cholesky factor
+    L_c = L D^{1/2} is returned through ``w`` (w_i² summed).  False if not PD.
+
+    ``lo`` holds the subdiagonal of L, ``ld`` the reciprocals of D: the recurrences are
+    latency-bound, so one division per row and no square roots.
+    """
+    prev = 0.0
+    for i in range(n):
+        d = diag[i] + mu
+        if i > 0:
+            d -= lo[i - 1] * off[i - 1]
+        if not d > 0.0:
+            return False
+        ld[i] = 1.0 / d
+        if i < n - 1:
+            lo[i] = off[i] * ld[i]
+    # L D Lᵀ y = rhs: forward (unit L), scale by D⁻¹, backward.
+    prev = 0.0
+    for i in range(n):
+        prev = rhs[i] - (lo[i - 1] * prev if i > 0 else 0.0)
+        w[i] = prev
+    for i in range(n):
+        w[i] *= ld[i]
+    prev = 0.0
+    for i in range(n - 1, -1, -1):
+        prev = w[i] - (lo[i] * prev if i < n - 1 else 0.0)
+        y[i] = prev
+    # yᵀ(T + μI)⁻¹y = ‖D^{-1/2} L⁻¹ y‖²: w_i = (L⁻¹y)_i · sqrt(D⁻¹_i).
+    prev = 0.0
+    for i in range(n):
+        prev = y[i] - (lo[i - 1] * prev if i > 0 else 0.0)
+        w[i] = prev * math.sqrt(ld[i])
+    return True
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace):
+    """y = −(T + μI)⁻¹ g̃ with ‖y‖ = ρ (μ > 0), or the μ→0 solution if it lies inside.
+
+    ``rhs`` holds −g̃.  Newton on 1/‖y(μ)‖ − 1/ρ (concave, so iterates from the left stay
+    left of the root) with a bisection safeguard on a bracket.
+    """
+    gnorm = math.sqrt(_dot(rhs, rhs, n))
+    if gnorm == 0.0:
+        for i in range(n):
+            y[i] = 0.0
+        return
+    mu_lo = 1e-13 * trace / n + 1e-300
+    ok = _tri_solve(diag, off, n, mu_lo, rhs, y, w, lo, ld)
+    while not ok:
+        mu_lo *= 10.0
+        ok = _tri_solve(diag, off, n, mu_lo, rhs, y, w, lo, ld)
+    ynorm = math.sqrt(_dot(y, y, n))
+    if ynorm <= rho:
+        return  # interior: the anchor's update is (numerically) zero
+    mu_hi = gnorm / rho
+    mu = mu_lo
+    for _ in range(100):
+        wnorm2 = _dot(w, w, n)
+        step = (ynorm * ynorm / wnorm2) * (ynorm - rho) / rho
+        mu_new = mu + step
+        if not (mu_new > mu_lo and mu_new < mu_hi):
+            mu_new = 0.5 * (mu_lo + mu_hi)
+        mu = mu_new
+        _tri_solve(diag, off, n, mu, rhs, y, w, lo, ld)
+        ynorm = math.sqrt(_dot(y, y, n))
+        if ynorm > rho:
+            mu_lo = mu
+        else:
+            mu_hi = mu
+        if abs(ynorm - rho) <= 1e-12 * rho or mu_hi - mu_lo <= 1e-15 * mu_hi:
+            break
+
+
+@njit(cache=True, inline="always")
+def _sqrt0(x):
+    return math.sqrt(x) if x > 0.0 else 0.0
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _margins(eta, coef, rho, tau, kappa, cnorm2):
+    """(scaled full margin, scaled reward margin) at η from the precomputed polynomials."""
+    a = coef[0] + eta * coef[1]
+    q = coef[2] + eta * (2.0 * coef[3] + eta * coef[4])
+    w = coef[5] + eta * (2.0 * coef[6] + eta * coef[7])
+    ar = coef[8] + eta * coef[9]
+    wr = coef[10] + eta * (2.0 * coef[11] + eta * coef[12])
+    full = (a - rho * _sqrt0(w) - tau * kappa * _sqrt0(q)) / (kappa * kappa)
+    reward = (ar - rho * _sqrt0(wr)) / cnorm2
+    return full, reward
+
+
+@njit(cache=True, inline="always")
+def _feasible(full, reward):
+    return full >= 0.0 and reward > 0.0
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _eta_star(coef, rho, tau, kappa, cnorm2):
+    """sup{η ∈ [0, 1]: full(η) ≥ 0, reward(η) > 0}, or −1 if empty (both margins concave)."""
+    f1, r1 = _margins(1.0, coef, rho, tau, kappa, cnorm2)
+    if _feasible(f1, r1):
+        return 1.0
+    f0, r0 = _margins(0.0, coef, rho, tau, kappa, cnorm2)
+    lo = -1.0
+    if _feasible(f0, r0):
+        lo = 0.0
+    else:
+        # Golden-section ascent of the concave min(full, reward) until a feasible point.
+        a = 0.0
+        b = 1.0
+        x1 = b - GOLDEN * (b - a)
+        x2 = a + GOLDEN * (b - a)
+        f, r = _margins(x1, coef, rho, tau, kappa, cnorm2)
+        h1 = min(f, r)
+        if _feasible(f, r):
+            lo = x1
+        f, r = _margins(x2, coef, rho, tau, kappa, cnorm2)
+        h2 = min(f, r)
+        if lo < 0.0 and _feasible(f, r):
+            lo = x2
+        while lo < 0.0 and b - a > ETA_TOL:
+            if h1 < h2:
+                a = x1
+                x1 = x2
+                h1 = h2
+                x2 = a + GOLDEN * (b - a)
+                f, r = _margins(x2, coef, rho, tau, kappa, cnorm2)
+                h2 = min(f, r)
+                if _feasible(f, r):
+                    lo = x2
+            else:
+                b = x2
+                x2 = x1
+                h2 = h1
+                x1 = b - GOLDEN * (b - a)
+                f, r = _margins(x1, coef, rho, tau, kappa, cnorm2)
+                h1 = min(f, r)
+                if _feasible(f, r):
+                    lo = x1
+        if lo < 0.0:
+            return -1.0
+    hi = 1.0
+    while hi - lo > ETA_TOL:
+        mid = 0.5 * (lo + hi)
+        f, r = _margins(mid, coef, rho, tau, kappa, cnorm2)
+        if _feasible(f, r):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference):
+    """GGSR for every group and threshold.
+
+    Returns ``(status, anchors, eta, accepted, m_full, m_reward, ref0, ref1)``: per-group
+    Gram status; anchors a0 (flat); per (group, threshold) η* (0 when rejected), the
+    acceptance flag and the projections at η*; and aᵀK·reference at η = 0 (ref0) and its
+    slope in η (ref1), so a(η)ᵀK a_ref = ref0 + η·ref1.
+    """
+    n_groups = offsets.size - 1
+    n_taus = taus.size
+    status = np.zeros(n_groups, dtype=np.int8)
+    anchors = centers.copy()
+    eta = np.zeros((n_groups, n_taus))
+    accepted = np.zeros((n_groups, n_taus), dtype=np.bool_)
+    m_full = np.full((n_groups, n_taus), np.nan)
+    m_reward = np.full((n_groups, n_taus), np.nan)
+    ref0 = np.zeros(n_groups)
+    ref1 = np.zeros(n_groups)
+    width = 0
+    for q in range(n_groups):
+        width = max(width, offsets[q + 1] - offsets[q])
+    n_chunks = (n_groups + CHUNK - 1) // CHUNK
+    for chunk in prange(n_chunks):
+        scratch_a = np.empty(width * width)
+        scratch_b = np.empty(width * width)
+        tmp = np.empty((width, width))
+        vs = np.zeros((max(width, 1), max(width, 1)))
+        vecs = np.empty((16, width))
+        coef = np.empty(13)
+        for q in range(chunk * CHUNK, min(n_groups, (chunk + 1) * CHUNK)):
+            lo_idx = offsets[q]
+            n = offsets[q + 1] - lo_idx
+            base = boffsets[q]
+            if n == 0:
+                continue
+            st, scale = _check_gram(gram, base, n, tmp)
+            status[q] = st
+            if st != OK or n < 2:
+                continue
+            c = centers[lo_idx:lo_idx + n]
+            kc = vecs[0]
+            g = vecs[1]
+            a0 = vecs[2]
+            d = vecs[3]
+            ka0 = vecs[4]
+            kd = vecs[5]
+            v0 = vecs[6]
+            vd = vecs[7]
+            ref = vecs[8]
+            y = vecs[9]
+            w = vecs[10]
+            lo = vecs[11]
+            ld = vecs[12]
+            diag = vecs[13]
+            off = vecs[14]
+            rhs = vecs[15]
+            _matvec(gram, base, n, c, kc)
+            ckc = _dot(c, kc, n)
+            cnorm2 = _dot(c, c, n)
+            _matvec(gram, base, n, reference[lo_idx:lo_idx + n], ref)
+            if cnorm2 == 0.0 or not ckc > ZERO_CENTER_RTOL * scale * cnorm2:
+                continue
+            kappa = math.sqrt(ckc)
+            # H = R K R by BLAS on contiguous n x n views (4x faster than loops at n=16).
+            kmat = gram[base:base + n * n].reshape(n, n)
+            rmat = root[base:base + n * n].reshape(n, n)
+            kr = scratch_a[:n * n].reshape(n, n)
+            hmat = scratch_b[:n * n].reshape(n, n)
+            np.dot(kmat, rmat, kr)
+            np.dot(rmat, kr, hmat)
+            trace = 0.0
+            for i in range(n):
+                for j in range(i + 1, n):
+                    sym = 0.5 * (hmat[i, j] + hmat[j, i])
+                    hmat[i, j] = sym
+                    hmat[j, i] = sym
+                trace += hmat[i, i]
+            _matvec(root, base, n, kc, g)
+            _tridiagonalize(hmat, n, vs, diag, off, ka0)
+            for i in range(n):
+                rhs[i] = -g[i]
+            _apply_reflectors(vs, n, rhs, True)
+            _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace)
+            _apply_reflectors(vs, n, y, False)
+            _matvec(root, base, n, y, a0)
+            for i in range(n):
+                a0[i] += c[i]
+                d[i] = c[i] - a0[i]
+                anchors[lo_idx + i] = a0[i]
+            _matvec(gram, base, n, a0, ka0)
+            for i in range(n):
+                kd[i] = kc[i] - ka0[i]
+            ref0[q] = _dot(a0, ref, n)
+            ref1[q] = _dot(d, ref, n)
+            coef[2] = _dot(a0, ka0, n)
+            if not coef[2] > ZERO_UPDATE_RTOL * ckc:
+                continue  # ‖U(a0)‖ = 0: no safe direction
+            coef[0] = _dot(a0, kc, n)
+            coef[1] = _dot(d, kc, n)
+            coef[3] = _dot(a0, kd, n)
+            coef[4] = _dot(d, kd, n)
+            _matvec(root, base, n, ka0, v0)
+            _matvec(root, base, n, kd, vd)
+            coef[5] = _dot(v0, v0, n)
+            coef[6] = _dot(v0, vd, n)
+            coef[7] = _dot(vd, vd, n)
+            coef[8] = _dot(a0, c, n)
+            coef[9] = _dot(d, c, n)
+            _matvec(root, base, n, a0, v0)
+            _matvec(root, base, n, d, vd)
+            coef[10] = _dot(v0, v0, n)
+            coef[11] = _dot(v0, vd, n)
+            coef[12] = _dot(vd, vd, n)
+            qr0 = _dot(a0, a0, n)
+            qr1 = _dot(a0, d, n)
+            qr2 = _dot(d, d, n)
+            cnorm = math.sqrt(cnorm2)
+            for t in range(n_taus):
+                e = _eta_star(coef, rho, taus[t], kappa, cnorm2)
+                ok = e >= 0.0
+                e = e if ok else 0.0
+                accepted[q, t] = ok
+                eta[q, t] = e
+                a = coef[0] + e * coef[1]
+                qq = coef[2] + e * (2.0 * coef[3] + e * coef[4])
+                ww = coef[5] + e * (2.0 * coef[6] + e * coef[7])
+                m_full[q, t] = (a - rho * _sqrt0(ww)) / (_sqrt0(qq) * kappa)
+                ar = coef[8] + e * coef[9]
+                wr = coef[10] + e * (2.0 * coef[11] + e * coef[12])
+                qr = qr0 + e * (2.0 * qr1 + e * qr2)
+                m_reward[q, t] = (ar - rho * _sqrt0(wr)) / (_sqrt0(qr) * cnorm)
+    return status, anchors, eta, accepted, m_full, m_reward, ref0, ref1
+
+
+recover_groups_serial, recover_groups_parallel = compile_pair(recover_groups)

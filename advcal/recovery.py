@@ -1,0 +1,235 @@
+"""GGSR: geometry-guided safe recovery of GRPO coefficients (DESIGN §6.2).
+
+Given a group's JRSC set E = {c + R z : ‖z‖ ≤ ρ} (R = S^{1/2}) and the Gram matrix K of
+its responses' policy gradients (the update of coefficients a is U(a) = Σ a_i g_i, so
+⟨U(a), U(b)⟩ = aᵀKb):
+
+* the **anchor** a₀ = argmin_{a∈E} aᵀKa, a trust-region problem in z solved by the
+  secular equation (minimum-norm z when K is singular).  By the projection theorem
+  ⟨U(a₀), U(a′)⟩ ≥ ‖U(a₀)‖² for every a′ ∈ E; ‖U(a₀)‖ = 0 rejects the group;
+* the **path** a(η) = a₀ + η(c − a₀), and the projections
+  M_full(η) = [a(η)ᵀKc − ρ·‖R K a(η)‖] / (‖U(a(η))‖·‖U(c)‖) and M_reward (K = I);
+* **η*(τ)** = sup{η ∈ [0, 1] : M_full(η) ≥ τ, M_reward(η) > 0}; both conditions are
+  concave in η once the positive denominators are cleared, so the feasible set is an
+  interval, found with golden-section + bisection on O(1)-cost evaluations.  An empty
+  set rejects the group (no update); otherwise a(η*) is written back.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from advcal._kernels.recovery_numpy import GRAM_RTOL, NOT_FINITE, NOT_PSD, NOT_SYMMETRIC
+from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
+from advcal.sets import CoefficientSets, block_offsets
+
+__all__ = ["Recovery", "recover"]
+
+# Groups below which one thread beats the thread pool's start-up.
+PARALLEL_MIN_GROUPS = 64
+
+
+class Recovery(NamedTuple):
+    """Per-group GGSR result (:func:`recover`).
+
+    Attributes
+    ----------
+    coefficients : ndarray
+        a(η*) for accepted groups, 0 for rejected ones: the coefficients to write back into
+        the GRPO loss (layout and dtype of the rewards).
+    eta : ndarray of float64, shape (B,)
+        Recovery ratio η* (0 for rejected groups).
+    accepted : ndarray of bool, shape (B,)
+        Whether the recovery set is non-empty.
+    anchors : ndarray
+        Anchors a₀ (layout of the rewards); c for groups without an update of their own
+        (fewer than two responses, or U(c) = 0), 0 when ρ is infinite.
+    m_full, m_reward : ndarray of float64, shape (B,)
+        The projections at η* (NaN where undefined: fewer than two responses, U(c) = 0,
+        U(a₀) = 0, or infinite ρ).
+    """
+
+    coefficients: np.ndarray
+    eta: np.ndarray
+    accepted: np.ndarray
+    anchors: np.ndarray
+    m_full: np.ndarray
+    m_reward: np.ndarray
+
+
+class RawRecovery(NamedTuple):
+    """Kernel outputs for several thresholds (flat, grouped order)."""
+
+    anchors: np.ndarray
+    eta: np.ndarray  # (B, T)
+    accepted: np.ndarray  # (B, T)
+    m_full: np.ndarray
+    m_reward: np.ndarray
+    ref0: np.ndarray  # a0ᵀ K a_ref
+    ref1: np.ndarray  # (c − a0)ᵀ K a_ref
+
+
+@cache
+def _engine(backend: str) -> ModuleType:
+    import importlib
+
+    name = "recovery_numba" if backend == "numba" else "recovery_numpy"
+    return importlib.import_module(f"advcal._kernels.{name}")
+
+
+def check_sets(sets: Any) -> CoefficientSets:
+    if not isinstance(sets, CoefficientSets):
+        raise TypeError("`sets` must be CoefficientSets from coefficient_sets; "
+                        f"got {type(sets).__name__}.")
+    return sets
+
+
+def gram_blocks(sets: CoefficientSets, gram: Any) -> np.ndarray:
+    """Validate the layout of ``gram`` against ``sets``; return flat float64 blocks."""
+    arr = as_float_array(gram, "gram")
+    sizes = sets.batch.sizes
+    if sets.batch.shape is not None:
+        n_groups, width = sets.batch.shape
+        expected: tuple[int, ...] = (n_groups, width, width)
+    else:
+        expected = (int(block_offsets(sizes)[-1]),)
+    if arr.shape != expected:
+        layout = "(B, G, G)" if len(expected) == 3 else "flat row-major n_q x n_q blocks"
+        raise ValueError(f"`gram` must have shape {expected} ({layout}); got {arr.shape}.")
+    return np.ascontiguousarray(arr, dtype=np.float64).reshape(-1)
+
+
+def run_recovery(sets: CoefficientSets, gram_flat: np.ndarray, taus: np.ndarray,
+                 reference: np.ndarray | None, backend: str) -> RawRecovery:
+    """Run the engine for every threshold and raise on a bad Gram block."""
+    geo = sets.geometry
+    offsets = sets.offsets
+    boffsets = block_offsets(sets.batch.sizes)
+    ref = np.zeros_like(geo.centers) if reference is None else reference
+    infinite = not np.isfinite(sets.rho)
+    rho = 1.0 if infinite else float(sets.rho)
+    root = geo.root_blocks()
+    engine = _engine(backend)
+    if backend == "numba":
+        fn = (engine.recover_groups_parallel if sets.n_groups >= PARALLEL_MIN_GROUPS
+              else engine.recover_groups_serial)
+    else:
+        fn = engine.recover_groups
+    status, anchors, eta, accepted, m_full, m_reward, ref0, ref1 = fn(
+        geo.centers, offsets, root, gram_flat, boffsets, rho, taus, ref)
+    bad = np.flatnonzero(status)
+    if bad.size:
+        q = int(bad[0])
+        what = {NOT_SYMMETRIC: f"is not symmetric (tolerance {GRAM_RTOL:g} x max diagonal)",
+                NOT_PSD: f"is not positive semidefinite (tolerance {GRAM_RTOL:g} x max "
+                         "diagonal)",
+                NOT_FINITE: "contains NaN or inf"}[int(status[q])]
+        raise ValueError(f"`gram` block of group {q} {what}.")
+    if infinite:
+        # E is all of c + (centered subspace) ∋ 0, so the anchor's update is 0: reject all.
+        anchors = np.zeros_like(anchors)
+        eta = np.zeros_like(eta)
+        accepted = np.zeros_like(accepted)
+        m_full = np.full_like(m_full, np.nan)
+        m_reward = np.full_like(m_reward, np.nan)
+        ref0 = np.zeros_like(ref0)
+        ref1 = segment_dot_gram(geo.centers, ref, gram_flat, offsets, boffsets)
+    return RawRecovery(anchors, eta, accepted, m_full, m_reward, ref0, ref1)
+
+
+def segment_dot_gram(x: np.ndarray, y: np.ndarray, gram_flat: np.ndarray, offsets: np.ndarray,
+                     boffsets: np.ndarray) -> np.ndarray:
+    """xᵀ K y per group (flat blocks)."""
+    from advcal.sets import gather_blocks, gather_rows, size_classes
+
+    sizes = np.diff(offsets)
+    out = np.zeros(sizes.size)
+    for n, idx in size_classes(sizes):
+        if n == 0:
+            continue
+        k = gather_blocks(gram_flat, boffsets, idx, n)
+        out[idx] = np.einsum("bi,bij,bj->b", gather_rows(x, offsets, idx, n), k,
+                             gather_rows(y, offsets, idx, n))
+    return out
+
+
+def coefficients_at(sets: CoefficientSets, raw: RawRecovery, column: int) -> np.ndarray:
+    """a(η*) for accepted groups and 0 for rejected ones (flat, grouped order)."""
+    accepted = raw.accepted[:, column]
+    eta = np.where(accepted, raw.eta[:, column], 0.0)
+    sizes = sets.batch.sizes
+    eta_flat = np.repeat(eta, sizes)
+    keep = np.repeat(accepted, sizes)
+    out = raw.anchors + eta_flat * (sets.geometry.centers - raw.anchors)
+    return np.where(keep, out, 0.0)
+
+
+def _recover_iv(sets: Any, gram: Any, tau: Any, backend: Any
+                ) -> tuple[CoefficientSets, np.ndarray, float]:
+    sets = check_sets(sets)
+    tau = check_real(tau, "tau", low=0.0, high=1.0, high_inclusive=False)
+    check_choice(backend, "backend", BACKENDS)
+    return sets, gram_blocks(sets, gram), tau
+
+
+def recover(
+    sets: CoefficientSets,
+    gram: ArrayLike,
+    *,
+    tau: float,
+    backend: str = "numba",
+) -> Recovery:
+    """Geometry-guided safe recovery (GGSR) of every group of a batch.
+
+    Parameters
+    ----------
+    sets : CoefficientSets
+        JRSC sets of the training batch (:func:`advcal.coefficient_sets`).
+    gram : array_like
+        Gram matrices K_q (K_ij = ⟨g_i, g_j⟩ of the responses' policy gradients, e.g. on a
+        random projection), layout of DESIGN §1: (B, G, G) for dense sets, flat row-major
+        n_q × n_q blocks otherwise.  Must be finite, symmetric and PSD (tolerance 1e-8 ×
+        the block's largest diagonal entry).
+    tau : float
+        Threshold τ ∈ [0, 1) on M_full.
+    backend : {"numba", "numpy"}, default "numba"
+        Compiled kernel or the numpy/scipy reference.
+
+    Returns
+    -------
+    Recovery
+        ``coefficients`` a(η*) to write back (0 for rejected groups), ``eta``,
+        ``accepted``, ``anchors``, ``m_full``, ``m_reward``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from advcal import calibrate_sets, coefficient_sets, recover
+    >>> from advcal.simulate import gram_matrices, paired_scorings
+    >>> cal = calibrate_sets(*paired_scorings(1000, 8, scale=0.01, seed=0).scores,
+    ...                      alpha=0.1)
+    >>> sets = coefficient_sets(paired_scorings(4, 8, scale=0.01, seed=1).a,
+    ...                         calibration=cal)
+    >>> rec = recover(sets, gram_matrices(4, 8, seed=2).gram, tau=0.2)
+    >>> rec.coefficients.shape, rec.eta.shape
+    ((4, 8), (4,))
+    >>> bool(((rec.eta >= 0) & (rec.eta <= 1)).all())
+    True
+    """
+    sets, gram_flat, tau = _recover_iv(sets, gram, tau, backend)
+    raw = run_recovery(sets, gram_flat, np.array([tau]), None, backend)
+    coefficients = coefficients_at(sets, raw, 0)
+    restore = sets.batch.restore
+    return Recovery(
+        restore(coefficients.astype(sets.dtype)),
+        raw.eta[:, 0].copy(),
+        raw.accepted[:, 0].copy(),
+        restore(raw.anchors.astype(sets.dtype)),
+        raw.m_full[:, 0].copy(),
+        raw.m_reward[:, 0].copy(),
+    )

@@ -1,0 +1,273 @@
+"""SRGO: selective risk-gated thresholds, and the one-call SetGRPO step (DESIGN §6.3).
+
+On calibration groups with a reference coefficient a_ref (from an independent scoring)
+and a grid of thresholds τ, a group is *accepted* at τ when its GGSR recovery set is
+non-empty, and a *reversal* when accepted and a(η*)ᵀ K a_ref < 0.  Acceptance never looks
+at the reference scoring, so given which groups are accepted the reversals are
+Bernoulli(R(τ)) draws and a binomial upper confidence bound on the conditional risk
+R(τ) is valid.  :func:`select_threshold` makes the bounds simultaneously valid over the
+grid (Bonferroni, or fixed-sequence testing from the strictest non-vacuous threshold) and
+picks the risk-feasible threshold with the largest cumulative recovery Σ_q η*_q(τ).
+:func:`setgrpo` then runs JRSC + GGSR on a training batch at that threshold.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
+from advcal.recovery import (
+    Recovery,
+    check_sets,
+    coefficients_at,
+    gram_blocks,
+    recover,
+    run_recovery,
+)
+from advcal.sets import CoefficientSets, SetCalibration, coefficient_sets
+
+__all__ = ["ThresholdSelection", "select_threshold", "setgrpo"]
+
+BOUNDS = ("clopper-pearson", "hoeffding", "bentkus", "hoeffding-bentkus")
+PROCEDURES = ("bonferroni", "fixed-sequence")
+
+
+class ThresholdSelection(NamedTuple):
+    """Result of :func:`select_threshold`; the table is ordered strict → loose.
+
+    Attributes
+    ----------
+    tau_sel : float or None
+        The selected threshold; None when no threshold is risk-feasible (reject all).
+    tau : ndarray, shape (T,)
+        The grid, descending.
+    n_acc, k_rev : ndarray of int64, shape (T,)
+        Accepted calibration groups and reversals among them.
+    risk : ndarray, shape (T,)
+        R̂ = k_rev / n_acc (NaN for vacuous thresholds, n_acc = 0).
+    ucb : ndarray, shape (T,)
+        Upper confidence bound on the conditional risk at the per-test level ``level``
+        (1 for vacuous thresholds).
+    p_value : ndarray, shape (T,)
+        Learn-then-Test p-value of "R(τ) > β" (1 for vacuous thresholds).
+    recovery : ndarray, shape (T,)
+        Cumulative recovery Σ_q η*_q(τ) over the calibration groups.
+    feasible : ndarray of bool, shape (T,)
+        Certified risk-feasible by the procedure (UCB ≤ β, and for fixed-sequence every
+        stricter non-vacuous threshold certified too).
+    level : float
+        Per-threshold error level: δ/T (Bonferroni) or δ (fixed sequence).
+    """
+
+    tau_sel: float | None
+    tau: np.ndarray
+    n_acc: np.ndarray
+    k_rev: np.ndarray
+    risk: np.ndarray
+    ucb: np.ndarray
+    p_value: np.ndarray
+    recovery: np.ndarray
+    feasible: np.ndarray
+    level: float
+
+
+def _thresholds_iv(thresholds: Any) -> np.ndarray:
+    taus = as_float_array(thresholds, "thresholds")
+    if taus.ndim != 1 or taus.size == 0:
+        raise ValueError(f"`thresholds` must be a non-empty 1-D array; got shape {taus.shape}.")
+    taus = taus.astype(np.float64)
+    if not (np.isfinite(taus).all() and (taus >= 0).all() and (taus < 1).all()):
+        raise ValueError("`thresholds` must lie in [0, 1).")
+    ordered = np.sort(taus)[::-1].copy()
+    if (np.diff(ordered) == 0).any():
+        raise ValueError("`thresholds` must not contain duplicates.")
+    return ordered
+
+
+def _select_iv(sets: Any, gram: Any, reference: Any, thresholds: Any, beta: Any, delta: Any,
+               bound: Any, procedure: Any, backend: Any) -> tuple[Any, ...]:
+    sets = check_sets(sets)
+    beta = check_real(beta, "beta", low=0.0, high=1.0, low_inclusive=False,
+                      high_inclusive=False)
+    delta = check_real(delta, "delta", low=0.0, high=1.0, low_inclusive=False,
+                       high_inclusive=False)
+    check_choice(bound, "bound", BOUNDS)
+    check_choice(procedure, "procedure", PROCEDURES)
+    check_choice(backend, "backend", BACKENDS)
+    taus = _thresholds_iv(thresholds)
+    gram_flat = gram_blocks(sets, gram)
+    ref = sets.batch.gather(reference, "reference")
+    if not np.isfinite(ref).all():
+        raise ValueError("`reference` must be finite.")
+    return sets, gram_flat, ref, taus, beta, delta
+
+
+def select_threshold(
+    sets: CoefficientSets,
+    gram: ArrayLike,
+    reference: ArrayLike,
+    *,
+    thresholds: ArrayLike,
+    beta: float,
+    delta: float,
+    bound: str = "clopper-pearson",
+    procedure: str = "bonferroni",
+    backend: str = "numba",
+) -> ThresholdSelection:
+    """Risk-calibrate the GGSR threshold on calibration groups (SRGO).
+
+    Parameters
+    ----------
+    sets : CoefficientSets
+        JRSC sets of the calibration groups (built from their training-like scoring).
+    gram : array_like
+        Their Gram matrices (layout as in :func:`advcal.recover`).
+    reference : array_like
+        Reference coefficients a_ref (e.g. GRPO coefficients of an independent scoring),
+        in the layout of the rewards the sets were built from.
+    thresholds : array_like
+        Candidate τ values in [0, 1), distinct; any order (the table is strict → loose).
+    beta : float
+        Target conditional reversal risk, in (0, 1).
+    delta : float
+        Error level of the simultaneous guarantee, in (0, 1).
+    bound : {"clopper-pearson", "hoeffding", "bentkus", "hoeffding-bentkus"}
+        Binomial upper confidence bound (:func:`advcal.ucb`).
+    procedure : {"bonferroni", "fixed-sequence"}, default "bonferroni"
+        ``"bonferroni"``: each threshold certified at δ/T (valid whatever the shape of the
+        risk curve).  ``"fixed-sequence"``: Learn-then-Test at full δ, walking from the
+        strictest non-vacuous threshold toward looser ones and stopping at the first
+        UCB > β.
+    backend : {"numba", "numpy"}, default "numba"
+        Recovery engine.
+
+    Returns
+    -------
+    ThresholdSelection
+        ``tau_sel`` (None if no threshold is feasible) and the whole table.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from advcal import calibrate_sets, coefficient_sets, grpo, select_threshold
+    >>> from advcal.simulate import gram_matrices, paired_scorings
+    >>> cal = calibrate_sets(*paired_scorings(2000, 8, scale=0.02, seed=0).scores,
+    ...                      alpha=0.1)
+    >>> data = paired_scorings(400, 8, scale=0.02, seed=1)
+    >>> sets = coefficient_sets(data.a, calibration=cal)
+    >>> sel = select_threshold(sets, gram_matrices(400, 8, seed=2).gram, grpo(data.b),
+    ...                        thresholds=[0.0, 0.2, 0.4], beta=0.1, delta=0.1)
+    >>> sel.tau.tolist(), bool(sel.tau_sel is None or sel.tau_sel in sel.tau)
+    ([0.4, 0.2, 0.0], True)
+    """
+    sets, gram_flat, ref, taus, beta, delta = _select_iv(
+        sets, gram, reference, thresholds, beta, delta, bound, procedure, backend)
+    from advcal.bounds import risk_p_value, ucb
+
+    raw = run_recovery(sets, gram_flat, taus, ref, backend)
+    accepted = raw.accepted
+    eta = np.where(accepted, raw.eta, 0.0)
+    dot = raw.ref0[:, None] + eta * raw.ref1[:, None]
+    reversal = accepted & (dot < 0)
+    n_acc = accepted.sum(axis=0).astype(np.int64)
+    k_rev = reversal.sum(axis=0).astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        risk = np.where(n_acc > 0, k_rev / np.maximum(n_acc, 1), np.nan)
+    recovery = eta.sum(axis=0)
+    level = delta / taus.size if procedure == "bonferroni" else delta
+    bounds = np.asarray(ucb(k_rev, n_acc, level, bound=bound), dtype=np.float64).reshape(-1)
+    p_values = np.asarray(risk_p_value(k_rev, n_acc, beta, bound=bound),
+                          dtype=np.float64).reshape(-1)
+    certified = (n_acc > 0) & (bounds <= beta)
+    if procedure == "fixed-sequence":
+        feasible = np.zeros(taus.size, dtype=bool)
+        nonvacuous = np.flatnonzero(n_acc > 0)
+        for j in range(int(nonvacuous[0]) if nonvacuous.size else taus.size, taus.size):
+            if not certified[j]:
+                break
+            feasible[j] = True
+    else:
+        feasible = certified
+    tau_sel: float | None = None
+    if feasible.any():
+        candidates = np.flatnonzero(feasible)
+        best = candidates[np.argmax(recovery[candidates])]  # first max: the strictest
+        tau_sel = float(taus[best])
+    return ThresholdSelection(tau_sel, taus, n_acc, k_rev, risk, bounds, p_values, recovery,
+                              feasible, float(level))
+
+
+def setgrpo(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    group_ids: ArrayLike | None = None,
+    gram: ArrayLike,
+    calibration: SetCalibration,
+    tau: float | ThresholdSelection | None,
+    noise_var: ArrayLike | None = None,
+    backend: str = "numba",
+) -> Recovery:
+    """One SetGRPO step on a training batch: JRSC sets, then GGSR at the threshold.
+
+    Parameters
+    ----------
+    rewards : array_like, shape (B, G) or (N,)
+        Training scores.
+    offsets : array_like of int, optional
+        CSR group boundaries for 1-D rewards.
+    group_ids : sequence of hashable, optional
+        Per-response group labels for 1-D rewards.
+    gram : array_like
+        Gram matrices of the training groups under the current policy.
+    calibration : SetCalibration
+        From :func:`advcal.calibrate_sets` (on groups independent of this batch).
+    tau : float, ThresholdSelection or None
+        The threshold (typically ``select_threshold(...).tau_sel``, or the selection
+        itself).  None — no risk-feasible threshold — rejects every group.
+    noise_var : array_like, optional
+        Per-response grader variances, for a calibration with ``noise="diagonal"``.
+    backend : {"numba", "numpy"}, default "numba"
+        Recovery engine.
+
+    Returns
+    -------
+    Recovery
+        ``coefficients``: the values to write into the GRPO loss in place of the
+        advantages (a(η*) for accepted groups, 0 for rejected ones), plus ``eta``,
+        ``accepted``, ``anchors``, ``m_full``, ``m_reward``.
+
+    Examples
+    --------
+    >>> from advcal import calibrate_sets, setgrpo
+    >>> from advcal.simulate import gram_matrices, paired_scorings
+    >>> cal = calibrate_sets(*paired_scorings(2000, 8, scale=0.02, seed=0).scores,
+    ...                      alpha=0.1)
+    >>> batch = paired_scorings(16, 8, scale=0.02, seed=3).a
+    >>> out = setgrpo(batch, gram=gram_matrices(16, 8, seed=4).gram, calibration=cal,
+    ...               tau=0.25)
+    >>> out.coefficients.shape, out.accepted.dtype
+    ((16, 8), dtype('bool'))
+    """
+    if isinstance(tau, ThresholdSelection):
+        tau = tau.tau_sel
+    sets = coefficient_sets(rewards, offsets, group_ids=group_ids, calibration=calibration,
+                            noise_var=noise_var)
+    if tau is not None:
+        return recover(sets, gram, tau=tau, backend=backend)
+    check_choice(backend, "backend", BACKENDS)
+    raw = run_recovery(sets, gram_blocks(sets, gram), np.array([0.0]), None, backend)
+    rejected = raw._replace(accepted=np.zeros_like(raw.accepted), eta=np.zeros_like(raw.eta))
+    restore = sets.batch.restore
+    n_groups = sets.n_groups
+    return Recovery(
+        restore(coefficients_at(sets, rejected, 0).astype(sets.dtype)),
+        np.zeros(n_groups),
+        np.zeros(n_groups, dtype=bool),
+        restore(raw.anchors.astype(sets.dtype)),
+        raw.m_full[:, 0].copy(),
+        raw.m_reward[:, 0].copy(),
+    )
