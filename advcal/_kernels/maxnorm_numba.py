@@ -49,14 +49,14 @@ def _is_finite(v):
 
 
 @njit(cache=True, inline="always", fastmath=set(FASTMATH))
-def _bin(v, lo, hi, clip, delta, inv_delta, kmax):
-    """Clip (optionally) and bin one float64 reward; NaN stays NaN."""
+def _bin(v, lo, hi, clip, inv_delta, kmax):
+    """Clip (optionally) and bin (unless ``inv_delta == 0``) one reward; NaN stays NaN."""
     if clip:
         if v < lo:
             v = lo
         elif v > hi:
             v = hi
-    if delta == 0.0:
+    if inv_delta == 0.0:
         return v
     k = np.rint((v - lo) * inv_delta)
     if k < 0.0:
@@ -67,25 +67,106 @@ def _bin(v, lo, hi, clip, delta, inv_delta, kmax):
     return hi if b > hi else b
 
 
+@njit(cache=True, inline="always", fastmath=set(FASTMATH))
+def _scan(g, transform, lo, hi, clip, inv_delta, kmax, omit_nan):
+    """Statistics of the valid rewards of one group ``g`` (a view, so that LLVM knows the
+    indices are in bounds and vectorizes): count, shift (the first binned reward: a
+    zero-gap group then centers to exact 0), sum of binned rewards minus the shift,
+    smallest and largest binned reward, smallest and largest raw reward, finiteness."""
+    total = 0.0
+    bmin = math.inf
+    bmax = -math.inf
+    low = math.inf
+    high = -math.inf
+    finite = True
+    if not omit_nan:
+        n = g.size
+        if n == 0:
+            return n, 0.0, total, bmin, bmax, low, high, finite
+        if not transform:  # the common case gets a branch-free loop
+            shift = np.float64(g[0])
+            for i in range(n):
+                v = np.float64(g[i])
+                finite &= _is_finite(v)
+                total += v - shift
+                low = min(low, v)
+                high = max(high, v)
+            return n, shift, total, low, high, low, high, finite
+        shift = _bin(np.float64(g[0]), lo, hi, clip, inv_delta, kmax)
+        for i in range(n):
+            v = np.float64(g[i])
+            finite &= _is_finite(v)
+            b = _bin(v, lo, hi, clip, inv_delta, kmax)
+            total += b - shift
+            low = min(low, v)
+            high = max(high, v)
+            bmin = min(bmin, b)
+            bmax = max(bmax, b)
+        return n, shift, total, bmin, bmax, low, high, finite
+    n = 0
+    shift = 0.0
+    for i in range(g.size):
+        v = np.float64(g[i])
+        if math.isnan(v):
+            continue
+        finite &= _is_finite(v)
+        b = _bin(v, lo, hi, clip, inv_delta, kmax) if transform else v
+        if n == 0:
+            shift = b
+        total += b - shift
+        low = min(low, v)
+        high = max(high, v)
+        bmin = min(bmin, b)
+        bmax = max(bmax, b)
+        n += 1
+    return n, shift, total, bmin, bmax, low, high, finite
+
+
+@njit(cache=True, inline="always", fastmath=set(FASTMATH))
+def _write(g, o, shift, mean, factor, s, dead_zone, transform, lo, hi, clip, inv_delta,
+           kmax, omit_nan):
+    """Weights of one group: ``w = u / s`` with ``u = ((b - shift) - mean) * factor``.
+
+    ``|u| <= s`` makes the exact quotient at most 1; the clamp keeps the bound should
+    LLVM ever round the extreme u differently from the m that set s.
+    """
+    if not (omit_nan or transform or dead_zone > 0.0):
+        for i in range(g.size):
+            u = ((np.float64(g[i]) - shift) - mean) * factor
+            o[i] = min(max(u / s, -1.0), 1.0)
+        return
+    for i in range(g.size):
+        v = np.float64(g[i])
+        if omit_nan and math.isnan(v):
+            o[i] = 0.0
+            continue
+        b = _bin(v, lo, hi, clip, inv_delta, kmax) if transform else v
+        u = ((b - shift) - mean) * factor
+        u = 0.0 if abs(u) < dead_zone else u
+        o[i] = min(max(u / s, -1.0), 1.0)
+
+
 def _resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan,
              out, keep, rmin, rmax, flag):
     for q in prange(offsets.size - 1):
+        g = x[offsets[q]:offsets[q + 1]]
+        o = out[offsets[q]:offsets[q + 1]]
         n = 0
         finite = True
         low = math.inf
         high = -math.inf
         bmin = math.inf
         bmax = -math.inf
-        for i in range(offsets[q], offsets[q + 1]):
-            v = np.float64(x[i])
+        for i in range(g.size):
+            v = np.float64(g[i])
             if omit_nan and math.isnan(v):
-                out[i] = v
+                o[i] = v
                 continue
             finite &= _is_finite(v)
+            b = _bin(v, lo, hi, clip, inv_delta, kmax)
+            o[i] = b
             low = min(low, v)
             high = max(high, v)
-            b = _bin(v, lo, hi, clip, delta, inv_delta, kmax)
-            out[i] = b
             bmin = min(bmin, b)
             bmax = max(bmax, b)
             n += 1
@@ -97,39 +178,19 @@ def _resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan,
 
 def _maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta,
              inv_delta, kmax, omit_nan, out, scale, amax, keep, rmin, rmax):
+    transform = clip or delta != 0.0
     for q in prange(offsets.size - 1):
-        start = offsets[q]
-        stop = offsets[q + 1]
-        n = 0
-        finite = True
-        low = math.inf
-        high = -math.inf
-        bmin = math.inf
-        bmax = -math.inf
-        shift = 0.0
-        total = 0.0
-        for i in range(start, stop):
-            v = np.float64(x[i])
-            if omit_nan and math.isnan(v):
-                continue
-            finite &= _is_finite(v)
-            low = min(low, v)
-            high = max(high, v)
-            b = _bin(v, lo, hi, clip, delta, inv_delta, kmax)
-            if n == 0:
-                # Deviations from a member: a zero-gap group centers to exact 0.
-                shift = b
-            total += b - shift
-            bmin = min(bmin, b)
-            bmax = max(bmax, b)
-            n += 1
+        g = x[offsets[q]:offsets[q + 1]]
+        o = out[offsets[q]:offsets[q + 1]]
+        n, shift, total, bmin, bmax, low, high, finite = _scan(
+            g, transform, lo, hi, clip, inv_delta, kmax, omit_nan)
         rmin[q] = low
         rmax[q] = high
         keep[q] = n >= 2 and bmin != bmax
         scale[q] = tau
         if not finite or n == 0 or (n == 1 and not raw_singletons):
-            for i in range(start, stop):
-                out[i] = 0.0
+            for i in range(g.size):
+                o[i] = 0.0
             amax[q] = 0.0 if finite else math.nan
             continue
         if n == 1:  # verl's convention for a lone response: baseline 0
@@ -139,24 +200,15 @@ def _maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delt
         else:
             mean = total / n
             factor = n / (n - 1.0) if loo else 1.0
+        # u is an increasing affine map of the binned reward: its extremes give max |u|.
         m = max(abs(((bmin - shift) - mean) * factor), abs(((bmax - shift) - mean) * factor))
         if m < dead_zone:
             m = 0.0
         s = max(m, tau)
         scale[q] = s
-        amax[q] = m / s if m - m == 0.0 else math.nan
-        for i in range(start, stop):
-            v = np.float64(x[i])
-            if omit_nan and math.isnan(v):
-                out[i] = 0.0
-                continue
-            b = _bin(v, lo, hi, clip, delta, inv_delta, kmax)
-            u = ((b - shift) - mean) * factor
-            if abs(u) < dead_zone:
-                u = 0.0
-            # |u| <= s makes the exact quotient at most 1; the clamp guards the bound
-            # should LLVM ever round m and u differently.
-            out[i] = min(max(u / s, -1.0), 1.0)
+        amax[q] = m / s if _is_finite(m) else math.nan
+        _write(g, o, shift, mean, factor, s, dead_zone, transform, lo, hi, clip, inv_delta,
+               kmax, omit_nan)
 
 
 _resolve_serial, _resolve_parallel = compile_pair(_resolve)
