@@ -94,11 +94,14 @@ def as_float_array(values: Any, name: str) -> np.ndarray:
 
 def check_offsets(offsets: Any, n_values: int) -> np.ndarray:
     """Validate CSR offsets for ``n_values`` values; return a contiguous int64 copy-or-view."""
-    arr = np.asarray(offsets)
-    if arr.dtype.kind not in "iu" or arr.dtype == np.bool_:
-        raise TypeError(f"`offsets` must be an integer array; got dtype {arr.dtype}.")
-    if arr.ndim != 1 or arr.size == 0:
+    try:
+        arr = np.asarray(offsets)
+    except (TypeError, ValueError):
+        raise TypeError("`offsets` must be an integer array.") from None
+    if arr.ndim != 1 or arr.size == 0:  # before the dtype: [] is float64 to numpy
         raise ValueError(f"`offsets` must be 1-D with at least one entry; got shape {arr.shape}.")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"`offsets` must be an integer array; got dtype {arr.dtype}.")
     if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
         raise ValueError("`offsets` entries must fit in int64.")
     arr = np.ascontiguousarray(arr, dtype=np.int64)

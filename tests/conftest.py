@@ -1,7 +1,7 @@
 """Hypothesis profiles and the backend fixture shared by every test module.
 
-Profiles: ``default`` (fast, for development) and ``ci`` (more examples), chosen with the
-HYPOTHESIS_PROFILE environment variable; ``.ci/run`` selects ``ci``.
+Profiles: ``default`` (fast, for development), ``ci`` (more examples) and ``stress`` (by
+hand), chosen with the HYPOTHESIS_PROFILE environment variable; ``.ci/run`` selects ``ci``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,13 @@ settings.register_profile(
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
+)
+# For a developer hunting edge cases by hand; not run in CI.
+settings.register_profile(
+    "stress",
+    max_examples=3000,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 

@@ -273,7 +273,10 @@ def test_translation_invariance_general_floats(batch, shift):
 @given(batch=ragged_batches(dtype=np.float64), power=st.integers(-20, 20),
        eps=st.sampled_from([0.0, 1e-6, 1e-4]))
 def test_grpo_positive_scale_invariance(batch, power, eps):
-    # Scaling by a power of two is exact: grpo(c r; c eps) == grpo(r; eps) bit for bit.
+    # Scaling by a power of two is exact: grpo(c r; c eps) == grpo(r; eps) bit for bit,
+    # as long as no squared deviation falls into the subnormal range (|u| < 1e-154).
+    nonzero = np.abs(batch.values[batch.values != 0])
+    assume(nonzero.size == 0 or nonzero.min() > 1e-100)
     c = 2.0**power
     np.testing.assert_array_equal(grpo(batch.values * c, batch.offsets, eps=eps * c),
                                   grpo(batch.values, batch.offsets, eps=eps))

@@ -11,6 +11,11 @@ import numpy as np
 from advcal._kernels.modes import FIXED, GRPO, RLOO
 
 
+# Non-finite rewards propagate to NaN on purpose (the wrapper raises a clear error from
+# the flag), so numpy's floating-point warnings would only be noise.
+_quiet = np.errstate(all="ignore")
+
+
 def _groups(x, offsets, omit_nan):
     """Yield (q, slice, valid mask, valid rewards as float64) for every group."""
     for q in range(offsets.size - 1):
@@ -36,6 +41,7 @@ def _outputs(x, offsets):
     return np.zeros_like(x), np.full(n_groups, np.nan), np.zeros(n_groups)
 
 
+@_quiet
 def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit):
     out, scale, amax = _outputs(x, offsets)
     for q, sl, valid, r in _groups(x, offsets, omit_nan):
@@ -66,6 +72,7 @@ def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
     return out, scale, amax, bool((amax <= limit).all())
 
 
+@_quiet
 def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
     out, scale, amax = _outputs(x, offsets)
     for q, sl, valid, r in _groups(x, offsets, omit_nan):
@@ -85,6 +92,7 @@ def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
     return out, scale, amax, bool((amax <= limit).all())
 
 
+@_quiet
 def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit):
     out, scale, amax = _outputs(x, offsets)
     for q, sl, valid, r in _groups(x, offsets, omit_nan):
@@ -110,6 +118,7 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit):
     return out, scale, amax, bool((amax <= limit).all())
 
 
+@_quiet
 def group_moments(x, offsets, omit_nan):
     n_groups = offsets.size - 1
     count = np.zeros(n_groups, dtype=np.int64)
