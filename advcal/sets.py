@@ -778,10 +778,16 @@ class CoefficientSets:
     def distances(self, coefficients: ArrayLike) -> np.ndarray:
         """sqrt((a − c)ᵀ S⁺ (a − c)) per group; +inf if a − c is not centered."""
         a = self._flat(coefficients, "coefficients")
+        dtype = np.asarray(coefficients).dtype
+        # Rounding to the caller's dtype moves a member off the centered hyperplane by
+        # ~eps·‖a‖: tolerate that, in float32 too.
+        rtol = MEMBERSHIP_RTOL
+        if dtype.kind == "f":
+            rtol = max(rtol, 16 * float(np.finfo(dtype).eps))
         delta = a - self.geometry.centers
         mean = segment_sum(delta, self.offsets) / np.maximum(self.batch.sizes, 1)
         scale = np.sqrt(segment_sum(a * a + self.geometry.centers ** 2, self.offsets)) + 1e-300
-        centered_ok = np.abs(mean) * np.sqrt(self.batch.sizes) <= MEMBERSHIP_RTOL * scale + 1e-12
+        centered_ok = np.abs(mean) * np.sqrt(self.batch.sizes) <= rtol * scale + 1e-12
         d2 = self.geometry.quad_pinv(_centered(delta, self.offsets))
         return np.where(centered_ok, np.sqrt(np.clip(d2, 0.0, None)), np.inf)
 
