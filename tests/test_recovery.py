@@ -1,0 +1,271 @@
+"""GGSR (advcal.recover): anchor, recovery ratio, kernel == reference (DESIGN §6.2)."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from advcal import (
+    SetCalibration,
+    calibrate_sets,
+    coefficient_sets,
+    grpo,
+    offsets_from_sizes,
+    recover,
+)
+from advcal.simulate import gram_matrices, paired_scorings
+
+seeds = st.integers(0, 2**32 - 1)
+
+
+@cache
+def calibration(n: int, scale: float = 0.03, shape: str = "joint") -> SetCalibration:
+    pair = paired_scorings(1000, n, scale=scale, seed=n)
+    return calibrate_sets(pair.a, pair.b, alpha=0.1, shape=shape)
+
+
+def problem(seed: int, n: int, n_groups: int = 30, rank: int | None = None,
+            shape: str = "joint"):
+    sets = coefficient_sets(paired_scorings(n_groups, n, scale=0.03, seed=seed).a,
+                            calibration=calibration(n, shape=shape))
+    gram = gram_matrices(n_groups, n, rank=rank, seed=seed + 1).gram
+    return sets, gram
+
+
+def roots(sets) -> np.ndarray:
+    w, v = np.linalg.eigh(sets.shapes)
+    return (v * np.sqrt(np.clip(w, 0, None))[:, None, :]) @ v.transpose(0, 2, 1)
+
+
+def projections(a: np.ndarray, c: np.ndarray, shape: np.ndarray, k: np.ndarray, rho: float
+                ) -> tuple[float, float]:
+    """M_full and M_reward of DESIGN §6.2, straight from the formula."""
+    ka = k @ a
+    full = (ka @ c - rho * np.sqrt(max(ka @ shape @ ka, 0))) / (
+        np.sqrt(a @ ka) * np.sqrt(c @ k @ c))
+    reward = (a @ c - rho * np.sqrt(max(a @ shape @ a, 0))) / (
+        np.linalg.norm(a) * np.linalg.norm(c))
+    return float(full), float(reward)
+
+
+# --------------------------------------------------------------------------- hand example
+
+
+def test_hand_example_with_identity_gram_and_ball() -> None:
+    # K = I and S = C: a0 = c(1 − ρ/‖c‖), every a(η) is a multiple of c, and
+    # M_full(η) = M_reward(η) = 1 − ρ/‖c‖ for every η.
+    sets = coefficient_sets([[0.0, 1.0, 3.0, 2.0]], calibration=calibration(4, shape="isotropic"))
+    c = sets.centers[0]
+    rho = 0.4 * np.linalg.norm(c)
+    sets = dataclasses.replace(sets, rho=rho)
+    gram = np.eye(4)[None]
+    rec = recover(sets, gram, tau=0.5)
+    np.testing.assert_allclose(rec.anchors[0], 0.6 * c, atol=1e-12)
+    assert rec.accepted[0] and rec.eta[0] == 1.0
+    np.testing.assert_allclose(rec.coefficients[0], c, atol=1e-12)
+    assert rec.m_full[0] == pytest.approx(0.6, abs=1e-12)
+    assert rec.m_reward[0] == pytest.approx(0.6, abs=1e-12)
+    rejected = recover(sets, gram, tau=0.7)
+    assert not rejected.accepted[0] and rejected.eta[0] == 0.0
+    np.testing.assert_array_equal(rejected.coefficients[0], 0.0)
+    # ρ ≥ ‖c‖: 0 is in the set, the anchor's update vanishes, the group is rejected.
+    empty = recover(dataclasses.replace(sets, rho=1.01 * np.linalg.norm(c)), gram, tau=0.0)
+    assert not empty.accepted[0]
+
+
+# --------------------------------------------------------------------------- kernel == reference
+
+
+@pytest.mark.parametrize("rank", [None, 3])
+@given(seed=seeds, n=st.sampled_from([2, 3, 5, 8]), tau=st.sampled_from([0.0, 0.2, 0.45]))
+def test_kernel_matches_reference(rank: int | None, seed: int, n: int, tau: float) -> None:
+    sets, gram = problem(seed, n, n_groups=12, rank=rank)
+    fast = recover(sets, gram, tau=tau)
+    ref = recover(sets, gram, tau=tau, backend="numpy")
+    np.testing.assert_array_equal(fast.accepted, ref.accepted)
+    np.testing.assert_allclose(fast.eta, ref.eta, atol=1e-8)
+    np.testing.assert_allclose(fast.coefficients, ref.coefficients, atol=1e-7)
+    np.testing.assert_allclose(fast.m_full, ref.m_full, atol=1e-7)
+    np.testing.assert_allclose(fast.m_reward, ref.m_reward, atol=1e-7)
+    # Anchors are unique up to null(K) only when U(a0) ≠ 0 (else any a with Ka = 0).
+    defined = ~np.isnan(ref.m_full)
+    np.testing.assert_allclose(fast.anchors[defined], ref.anchors[defined], atol=1e-7)
+
+
+def test_kernel_matches_reference_ragged() -> None:
+    rng = np.random.default_rng(0)
+    sizes = np.array([5, 0, 1, 2, 5, 3, 5])
+    cal = calibration(5)
+    rewards = rng.uniform(size=sizes.sum())
+    sets = coefficient_sets(rewards, offsets_from_sizes(sizes), calibration=cal)
+    blocks = [gram_matrices(1, int(s), seed=i).gram[0].reshape(-1) if s else np.zeros(0)
+              for i, s in enumerate(sizes)]
+    gram = np.concatenate(blocks)
+    fast = recover(sets, gram, tau=0.1)
+    ref = recover(sets, gram, tau=0.1, backend="numpy")
+    np.testing.assert_array_equal(fast.accepted, ref.accepted)
+    np.testing.assert_allclose(fast.eta, ref.eta, atol=1e-8)
+    np.testing.assert_allclose(fast.coefficients, ref.coefficients, atol=1e-7)
+    assert not fast.accepted[1] and not fast.accepted[2]  # empty and singleton groups
+    assert fast.coefficients.shape == rewards.shape
+
+
+# --------------------------------------------------------------------------- anchor
+
+
+@pytest.mark.parametrize("rank", [None, 2])
+@given(seed=seeds, n=st.sampled_from([3, 6, 8]))
+def test_anchor_is_direction_safe_and_minimal(rank: int | None, seed: int, n: int) -> None:
+    sets, gram = problem(seed, n, n_groups=10, rank=rank)
+    rec = recover(sets, gram, tau=0.0)
+    rng = np.random.default_rng(seed)
+    root = roots(sets)
+    a0 = rec.anchors
+    assert sets.contains(a0).all()
+    for q in range(10):
+        if np.isnan(rec.m_full[q]):
+            continue  # U(a0) = 0 or U(c) = 0: nothing to check
+        k = gram[q]
+        u0 = a0[q] @ k @ a0[q]
+        z = rng.standard_normal((200, n))
+        z -= z.mean(axis=1, keepdims=True)
+        radius = sets.rho * rng.uniform(0, 1, (200, 1)) ** (1 / n)
+        radius[:50] = sets.rho  # boundary points too
+        z *= radius / np.linalg.norm(z, axis=1, keepdims=True)
+        members = sets.centers[q] + z @ root[q]
+        tol = 1e-9 * (1 + abs(u0))
+        assert (members @ k @ a0[q] >= u0 - tol).all()  # ⟨U(a0), U(a')⟩ ≥ ‖U(a0)‖²
+        assert (np.einsum("mi,ij,mj->m", members, k, members) >= u0 - tol).all()
+
+
+# --------------------------------------------------------------------------- eta*
+
+
+@given(seed=seeds, n=st.sampled_from([3, 5, 8]), tau=st.sampled_from([0.0, 0.15, 0.3, 0.5]),
+       rank=st.sampled_from([None, 2]))
+def test_eta_star_is_the_supremum_of_the_feasible_set(seed: int, n: int, tau: float,
+                                                      rank: int | None) -> None:
+    sets, gram = problem(seed, n, n_groups=10, rank=rank)
+    rec = recover(sets, gram, tau=tau)
+    shapes = sets.shapes
+    assert ((rec.eta >= 0) & (rec.eta <= 1)).all()
+    for q in np.flatnonzero(rec.accepted):
+        a0, c = rec.anchors[q], sets.centers[q]
+        full, reward = projections(a0 + rec.eta[q] * (c - a0), c, shapes[q], gram[q], sets.rho)
+        assert full >= tau - 1e-9 and reward > -1e-12
+        assert full == pytest.approx(rec.m_full[q], abs=1e-9)
+        assert reward == pytest.approx(rec.m_reward[q], abs=1e-9)
+        if rec.eta[q] < 1 - 1e-6:
+            full, reward = projections(a0 + (rec.eta[q] + 1e-6) * (c - a0), c, shapes[q],
+                                       gram[q], sets.rho)
+            assert full < tau or reward <= 0
+    for q in np.flatnonzero(~rec.accepted & ~np.isnan(rec.m_full)):
+        a0, c = rec.anchors[q], sets.centers[q]
+        for eta in np.linspace(0, 1, 41):
+            full, reward = projections(a0 + eta * (c - a0), c, shapes[q], gram[q], sets.rho)
+            assert full < tau + 1e-9 or reward <= 1e-9
+    np.testing.assert_array_equal(rec.coefficients[~rec.accepted], 0.0)
+
+
+@given(seed=seeds, n=st.sampled_from([4, 8]))
+def test_increasing_tau_never_increases_eta(seed: int, n: int) -> None:
+    sets, gram = problem(seed, n, n_groups=15)
+    previous = None
+    for tau in np.linspace(0, 0.9, 10):
+        rec = recover(sets, gram, tau=tau)
+        if previous is not None:
+            assert (rec.eta <= previous.eta + 1e-10).all()
+            assert not (rec.accepted & ~previous.accepted).any()
+        previous = rec
+
+
+@pytest.mark.parametrize("scale,shift", [(2.0, 0.5), (0.5, -1.0), (10.0, 3.0), (1.0, 100.0)])
+def test_positive_affine_rewards_keep_decisions(scale: float, shift: float) -> None:
+    # The paper's sanity check (§6.5): no decision flips, η* moves by < 1e-3.
+    pair = paired_scorings(1000, 8, scale=0.03, seed=40)
+    train = paired_scorings(200, 8, scale=0.03, seed=41).a
+    gram = gram_matrices(200, 8, seed=42).gram
+    base = recover(coefficient_sets(train, calibration=calibrate_sets(pair.a, pair.b,
+                                                                      alpha=0.1)),
+                   gram, tau=0.2)
+    cal = calibrate_sets(scale * pair.a + shift, scale * pair.b + shift, alpha=0.1)
+    moved = recover(coefficient_sets(scale * train + shift, calibration=cal), gram, tau=0.2)
+    np.testing.assert_array_equal(moved.accepted, base.accepted)
+    assert np.abs(moved.eta - base.eta).max() < 1e-3
+    assert 0.2 < base.accepted.mean() < 1.0  # both decisions occur
+
+
+# --------------------------------------------------------------------------- layouts, dtypes
+
+
+def test_float32_sets_give_float32_coefficients() -> None:
+    cal = calibration(6)
+    train = paired_scorings(8, 6, scale=0.03, seed=3).a
+    sets32 = coefficient_sets(train.astype(np.float32), calibration=cal)
+    sets64 = coefficient_sets(train.astype(np.float32).astype(np.float64), calibration=cal)
+    gram = gram_matrices(8, 6, seed=4).gram
+    rec32 = recover(sets32, gram.astype(np.float32), tau=0.1)
+    rec64 = recover(sets64, gram.astype(np.float32), tau=0.1)
+    assert rec32.coefficients.dtype == np.float32
+    np.testing.assert_array_equal(rec32.accepted, rec64.accepted)
+    np.testing.assert_allclose(rec32.coefficients, rec64.coefficients, atol=1e-6)
+
+
+def test_infinite_radius_rejects_everything() -> None:
+    pair = paired_scorings(5, 4, scale=0.03, seed=0)
+    cal = calibrate_sets(pair.a, pair.b, alpha=0.05)  # k = 6 > m = 5
+    assert cal.rho == np.inf
+    sets = coefficient_sets(pair.a, calibration=cal)
+    rec = recover(sets, gram_matrices(5, 4, seed=1).gram, tau=0.0)
+    assert not rec.accepted.any()
+    np.testing.assert_array_equal(rec.coefficients, 0.0)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_gram_validation_messages() -> None:
+    sets, gram = problem(0, 4, n_groups=3)
+    with pytest.raises(ValueError, match=r"`gram` must have shape \(3, 4, 4\)"):
+        recover(sets, gram[:2], tau=0.1)
+    asym = gram.copy()
+    asym[1, 0, 1] += 0.1
+    with pytest.raises(ValueError, match="`gram` block of group 1 is not symmetric"):
+        recover(sets, asym, tau=0.1)
+    indefinite = gram.copy()
+    indefinite[2] -= 2 * np.eye(4) * np.linalg.eigvalsh(gram[2]).max()
+    with pytest.raises(ValueError, match="`gram` block of group 2 is not positive semidefinite"):
+        recover(sets, indefinite, tau=0.1)
+    with pytest.raises(ValueError, match="`gram` block of group 2 is not positive semidefinite"):
+        recover(sets, indefinite, tau=0.1, backend="numpy")
+    bad = gram.copy()
+    bad[0, 1, 1] = np.nan
+    with pytest.raises(ValueError, match="`gram` block of group 0 contains NaN or inf"):
+        recover(sets, bad, tau=0.1)
+    with pytest.raises(ValueError, match=r"`tau` must lie in \[0.0, 1.0\); got 1.0"):
+        recover(sets, gram, tau=1.0)
+    with pytest.raises(TypeError, match="`sets` must be CoefficientSets"):
+        recover(gram, gram, tau=0.1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`gram` must be an array of real numbers"):
+        recover(sets, np.full((3, 4, 4), "x"), tau=0.1)
+    original = gram.copy()
+    recover(sets, gram, tau=0.1)
+    np.testing.assert_array_equal(gram, original)
+
+
+def test_psd_within_tolerance_is_accepted() -> None:
+    sets, gram = problem(1, 4, n_groups=2, rank=2)  # singular K
+    tiny = gram.copy()
+    tiny[0] -= 1e-12 * np.eye(4)  # rounding-level negative eigenvalues
+    rec = recover(sets, tiny, tau=0.0)
+    assert rec.eta.shape == (2,)
+
+
+def test_reference_coefficients_are_grpo() -> None:
+    sets, gram = problem(2, 5, n_groups=4)
+    np.testing.assert_allclose(sets.centers, grpo(sets.batch.values.reshape(4, 5)))
