@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["advantages", "maxnorm", "to_numpy", "from_numpy"]
+__all__ = ["advantages", "from_numpy", "maxnorm", "range_advantages", "setgrpo", "to_numpy"]
 
 _HALF_NAMES = ("bfloat16", "float16")
 
@@ -233,6 +233,117 @@ def maxnorm(
         _host_optional(offsets, "offsets"),
         group_ids=_host_optional(group_ids, "group_ids"),
         tau_res=tau_res,
+        **_host_kwargs(kwargs),
+    )
+    return from_numpy(result, rewards)
+
+
+def range_advantages(
+    lo: Any,
+    hi: Any,
+    offsets: Any = None,
+    *,
+    group_ids: Any = None,
+    **kwargs: Any,
+) -> Any:
+    """:func:`advcal.range_advantages` (Range-GRPO interval advantages) on torch tensors.
+
+    Parameters
+    ----------
+    lo, hi : torch.Tensor, shape (B, G) or (N,)
+        Lower and upper reward-range bounds, ``lo <= hi``, on any device.
+    offsets, group_ids
+        As in :func:`advantages`.
+    **kwargs
+        Further options of :func:`advcal.range_advantages` (``relation``, ``backend``).
+
+    Returns
+    -------
+    torch.Tensor
+        Advantages with the device, shape and floating dtype of ``lo``.
+
+    Examples
+    --------
+    >>> import pytest; torch = pytest.importorskip("torch")
+    >>> import advcal.torch as act
+    >>> lo = torch.tensor([[0.0, 0.5, 0.9]])
+    >>> hi = torch.tensor([[0.2, 0.7, 1.0]])
+    >>> act.range_advantages(lo, hi)
+    tensor([[-0.3333,  0.0333,  0.3000]])
+    """
+    from advcal.ranges import range_advantages as np_range_advantages
+
+    result = np_range_advantages(
+        to_numpy(lo, "lo"),
+        to_numpy(hi, "hi"),
+        _host_optional(offsets, "offsets"),
+        group_ids=_host_optional(group_ids, "group_ids"),
+        **_host_kwargs(kwargs),
+    )
+    return from_numpy(result, lo)
+
+
+def setgrpo(
+    rewards: Any,
+    offsets: Any = None,
+    *,
+    group_ids: Any = None,
+    gram: Any,
+    calibration: Any,
+    tau: Any,
+    **kwargs: Any,
+) -> Any:
+    """:func:`advcal.setgrpo` (one SetGRPO step) on torch tensors.
+
+    Parameters
+    ----------
+    rewards : torch.Tensor, shape (B, G) or (N,)
+        Training scores on any device.
+    offsets, group_ids
+        As in :func:`advantages`.
+    gram : torch.Tensor or array_like
+        Gram matrices of the responses' policy gradients, ``(B, G, G)`` for dense rewards
+        (flat row-major blocks for ragged ones), e.g. from gradient sketches on the device.
+    calibration : SetCalibration
+        From :func:`advcal.calibrate_sets`, on groups independent of this batch.
+    tau : float, ThresholdSelection or None
+        The threshold, typically from :func:`advcal.select_threshold`.
+    **kwargs
+        Further options of :func:`advcal.setgrpo` (``noise_var``, ``backend``).
+
+    Returns
+    -------
+    Recovery of tensors
+        ``coefficients`` (to write into the GRPO loss in place of the advantages; 0 for
+        rejected groups) and ``anchors`` with the device, shape and floating dtype of
+        ``rewards``; per-group ``eta``, ``m_full``, ``m_reward`` on the same device and in
+        the same floating dtype; ``accepted`` as a bool tensor.
+
+    Examples
+    --------
+    >>> import pytest; torch = pytest.importorskip("torch")
+    >>> import advcal
+    >>> import advcal.torch as act
+    >>> from advcal.simulate import gram_matrices, paired_scorings
+    >>> cal = advcal.calibrate_sets(*paired_scorings(2000, 4, scale=0.02, seed=0).scores,
+    ...                             alpha=0.1)
+    >>> scores = torch.tensor([[0.20, 0.13, 0.13, 0.14], [0.11, 0.26, 0.22, 0.68]])
+    >>> gram = torch.from_numpy(gram_matrices(2, 4, seed=4).gram)
+    >>> out = act.setgrpo(scores, gram=gram, calibration=cal, tau=0.25)
+    >>> out.accepted
+    tensor([False,  True])
+    >>> out.coefficients.dtype, out.coefficients.shape
+    (torch.float32, torch.Size([2, 4]))
+    """
+    from advcal.risk import setgrpo as np_setgrpo
+
+    result = np_setgrpo(
+        to_numpy(rewards, "rewards"),
+        _host_optional(offsets, "offsets"),
+        group_ids=_host_optional(group_ids, "group_ids"),
+        gram=_host_optional(gram, "gram"),
+        calibration=calibration,
+        tau=tau,
         **_host_kwargs(kwargs),
     )
     return from_numpy(result, rewards)
