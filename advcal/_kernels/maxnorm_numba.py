@@ -50,29 +50,26 @@ def _is_finite(v):
 
 @njit(cache=True, inline="always", fastmath=set(FASTMATH))
 def _bin(v, lo, hi, clip, inv_delta, kmax):
-    """Clip (optionally) and bin (unless ``inv_delta == 0``) one reward; NaN stays NaN."""
+    """Clip (optionally) and bin (unless ``inv_delta == 0``) one reward.
+
+    Branch-free min/max so that the loops vectorize; they may turn a NaN into a bound,
+    which is harmless: callers test the raw reward for finiteness.
+    """
     if clip:
-        if v < lo:
-            v = lo
-        elif v > hi:
-            v = hi
+        v = min(max(v, lo), hi)
     if inv_delta == 0.0:
         return v
-    k = np.rint((v - lo) * inv_delta)
-    if k < 0.0:
-        k = 0.0
-    elif k > kmax:
-        k = kmax
-    b = lo + k / inv_delta
-    return hi if b > hi else b
+    k = min(max(np.rint((v - lo) * inv_delta), 0.0), kmax)
+    return min(lo + k / inv_delta, hi)
 
 
 @njit(cache=True, inline="always", fastmath=set(FASTMATH))
-def _scan(g, transform, lo, hi, clip, inv_delta, kmax, omit_nan):
+def _scan(g, o, stash, transform, lo, hi, clip, inv_delta, kmax, omit_nan):
     """Statistics of the valid rewards of one group ``g`` (a view, so that LLVM knows the
     indices are in bounds and vectorizes): count, shift (the first binned reward: a
     zero-gap group then centers to exact 0), sum of binned rewards minus the shift,
-    smallest and largest binned reward, smallest and largest raw reward, finiteness."""
+    smallest and largest binned reward, smallest and largest raw reward, finiteness.
+    With ``stash`` (float64 output) the binned rewards are kept in ``o`` for ``_write``."""
     total = 0.0
     bmin = math.inf
     bmax = -math.inf
@@ -97,6 +94,8 @@ def _scan(g, transform, lo, hi, clip, inv_delta, kmax, omit_nan):
             v = np.float64(g[i])
             finite &= _is_finite(v)
             b = _bin(v, lo, hi, clip, inv_delta, kmax)
+            if stash:
+                o[i] = b
             total += b - shift
             low = min(low, v)
             high = max(high, v)
@@ -123,8 +122,8 @@ def _scan(g, transform, lo, hi, clip, inv_delta, kmax, omit_nan):
 
 
 @njit(cache=True, inline="always", fastmath=set(FASTMATH))
-def _write(g, o, shift, mean, factor, s, dead_zone, transform, lo, hi, clip, inv_delta,
-           kmax, omit_nan):
+def _write(g, o, stash, shift, mean, factor, s, dead_zone, transform, lo, hi, clip,
+           inv_delta, kmax, omit_nan):
     """Weights of one group: ``w = u / s`` with ``u = ((b - shift) - mean) * factor``.
 
     ``|u| <= s`` makes the exact quotient at most 1; the clamp keeps the bound should
@@ -133,6 +132,12 @@ def _write(g, o, shift, mean, factor, s, dead_zone, transform, lo, hi, clip, inv
     if not (omit_nan or transform or dead_zone > 0.0):
         for i in range(g.size):
             u = ((np.float64(g[i]) - shift) - mean) * factor
+            o[i] = min(max(u / s, -1.0), 1.0)
+        return
+    if stash and transform and not omit_nan:  # the binned rewards wait in o
+        for i in range(g.size):
+            u = ((o[i] - shift) - mean) * factor
+            u = 0.0 if abs(u) < dead_zone else u
             o[i] = min(max(u / s, -1.0), 1.0)
         return
     for i in range(g.size):
@@ -157,19 +162,31 @@ def _resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan,
         high = -math.inf
         bmin = math.inf
         bmax = -math.inf
-        for i in range(g.size):
-            v = np.float64(g[i])
-            if omit_nan and math.isnan(v):
-                o[i] = v
-                continue
-            finite &= _is_finite(v)
-            b = _bin(v, lo, hi, clip, inv_delta, kmax)
-            o[i] = b
-            low = min(low, v)
-            high = max(high, v)
-            bmin = min(bmin, b)
-            bmax = max(bmax, b)
-            n += 1
+        if not omit_nan:
+            n = g.size
+            for i in range(n):
+                v = np.float64(g[i])
+                finite &= _is_finite(v)
+                b = _bin(v, lo, hi, clip, inv_delta, kmax)
+                o[i] = b
+                low = min(low, v)
+                high = max(high, v)
+                bmin = min(bmin, b)
+                bmax = max(bmax, b)
+        else:
+            for i in range(g.size):
+                v = np.float64(g[i])
+                if math.isnan(v):
+                    o[i] = v
+                    continue
+                finite &= _is_finite(v)
+                b = _bin(v, lo, hi, clip, inv_delta, kmax)
+                o[i] = b
+                low = min(low, v)
+                high = max(high, v)
+                bmin = min(bmin, b)
+                bmax = max(bmax, b)
+                n += 1
         keep[q] = n >= 2 and bmin != bmax
         rmin[q] = low
         rmax[q] = high
@@ -179,11 +196,12 @@ def _resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan,
 def _maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta,
              inv_delta, kmax, omit_nan, out, scale, amax, keep, rmin, rmax):
     transform = clip or delta != 0.0
+    stash = out.itemsize == 8  # float64 output holds binned rewards exactly
     for q in prange(offsets.size - 1):
         g = x[offsets[q]:offsets[q + 1]]
         o = out[offsets[q]:offsets[q + 1]]
         n, shift, total, bmin, bmax, low, high, finite = _scan(
-            g, transform, lo, hi, clip, inv_delta, kmax, omit_nan)
+            g, o, stash, transform, lo, hi, clip, inv_delta, kmax, omit_nan)
         rmin[q] = low
         rmax[q] = high
         keep[q] = n >= 2 and bmin != bmax
@@ -207,8 +225,8 @@ def _maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delt
         s = max(m, tau)
         scale[q] = s
         amax[q] = m / s if _is_finite(m) else math.nan
-        _write(g, o, shift, mean, factor, s, dead_zone, transform, lo, hi, clip, inv_delta,
-               kmax, omit_nan)
+        _write(g, o, stash, shift, mean, factor, s, dead_zone, transform, lo, hi, clip,
+               inv_delta, kmax, omit_nan)
 
 
 _resolve_serial, _resolve_parallel = compile_pair(_resolve)
