@@ -30,8 +30,9 @@ from advcal.sets import CoefficientSets, block_offsets
 
 __all__ = ["Recovery", "recover"]
 
-# Groups below which one thread beats the thread pool's start-up.
-PARALLEL_MIN_GROUPS = 64
+# Groups below which one thread beats the thread pool (whose barrier also suffers most
+# when the machine is shared).
+PARALLEL_MIN_GROUPS = 512
 
 
 class Recovery(NamedTuple):

@@ -89,43 +89,52 @@ def _dot(x, y, n):
 
 @njit(cache=True, fastmath=_FASTMATH)
 def _tridiagonalize(h, n, vs, diag, off, p):
-    """Householder reduction of the symmetric h (n x n, overwritten) to tridiagonal form.
+    """Householder reduction of the symmetric h (n x n) to tridiagonal form.
 
-    Row k of ``vs`` holds the unit Householder vector of step k (entries k+1..n-1; the
-    rest is never read).  Only the trailing block is updated, by the symmetric rank-2
-    update A <- A − v qᵀ − q vᵀ with q = 2p − 2(vᵀp)v, p = A v.
+    Only the lower triangle of h is read and updated (it is overwritten).  Row k of ``vs``
+    holds the unit Householder vector of step k (entries k+1..n-1; the rest is never read).
+    Each step applies the symmetric rank-2 update A <- A − v qᵀ − q vᵀ, q = 2p − 2(vᵀp)v,
+    p = A v, to the trailing lower triangle; every inner loop runs along a row.
     """
     for k in range(n - 2):
+        m0 = k + 1
         norm2 = 0.0
-        for i in range(k + 1, n):
+        for i in range(m0, n):
             norm2 += h[i, k] * h[i, k]
         if norm2 == 0.0:
-            for i in range(k + 1, n):
+            for i in range(m0, n):
                 vs[k, i] = 0.0
             off[k] = 0.0
             continue
-        x0 = h[k + 1, k]
+        x0 = h[m0, k]
         norm = math.sqrt(norm2)
         alpha = -norm if x0 >= 0 else norm
         # ‖x − αe₁‖² = 2‖x‖² + 2|x₀|‖x‖ > 0 (α has the opposite sign of x₀).
         inv = 1.0 / math.sqrt(2.0 * norm2 + 2.0 * abs(x0) * norm)
-        vs[k, k + 1] = (x0 - alpha) * inv
-        for i in range(k + 2, n):
+        vs[k, m0] = (x0 - alpha) * inv
+        for i in range(m0 + 1, n):
             vs[k, i] = h[i, k] * inv
         off[k] = alpha
-        vtp = 0.0
-        for i in range(k + 1, n):
-            s = 0.0
-            for j in range(k + 1, n):
+        # p = A v from the lower triangle: row i contributes A[i, :i]·v[:i] + A[i, i]v[i]
+        # to p[i] and A[i, j]·v[i] to p[j] for j < i.
+        for i in range(m0, n):
+            p[i] = 0.0
+        for i in range(m0, n):
+            vi = vs[k, i]
+            s = h[i, i] * vi
+            for j in range(m0, i):
                 s += h[i, j] * vs[k, j]
-            p[i] = s
-            vtp += vs[k, i] * s
-        for i in range(k + 1, n):
+                p[j] += h[i, j] * vi
+            p[i] += s
+        vtp = 0.0
+        for i in range(m0, n):
+            vtp += vs[k, i] * p[i]
+        for i in range(m0, n):
             p[i] = 2.0 * p[i] - 2.0 * vtp * vs[k, i]
-        for i in range(k + 1, n):
+        for i in range(m0, n):
             vi = vs[k, i]
             pi = p[i]
-            for j in range(k + 1, n):
+            for j in range(m0, i + 1):
                 h[i, j] -= vi * p[j] + pi * vs[k, j]
     for i in range(n):
         diag[i] = h[i, i]
