@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike
 
 from advcal._validation import BACKENDS, Batch, as_batch, as_float_array, check_choice, check_real
 from advcal.estimators import dr_grpo, grpo, rloo
-from advcal.resolution import maxnorm_groups
+from advcal.resolution import _maxnorm_groups
 
 __all__ = ["DIAGNOSED_METHODS", "MethodDiagnostics", "ScaleDiagnostics", "direction_cosine",
            "scale_diagnostics"]
@@ -229,7 +229,7 @@ def _method_weights(method: str, groups: _Groups, values: np.ndarray, tau_res: f
     """(weights in grouped order, per-group scale s_q, per-group gap) of one method."""
     offsets = groups.batch.offsets
     if method == "maxnorm":
-        result = maxnorm_groups(values, offsets, tau_res=tau_res, resolution=resolution,
+        result = _maxnorm_groups(values, offsets, tau_res=tau_res, resolution=resolution,
                                 backend=backend)
         return result.flat, result.scale, result.keep
     if method == "grpo":

@@ -275,7 +275,7 @@ def _maxnorm_iv(
             _engine(backend))
 
 
-def maxnorm_groups(
+def _maxnorm_groups(
     rewards: ArrayLike,
     offsets: ArrayLike | None = None,
     *,
@@ -422,7 +422,7 @@ def maxnorm(
     MaxNormResult(advantages=array([-1.,  0.,  1.]), scale=array([0.5]))
     """
     return_scale = _check_bool(return_scale, "return_scale")
-    result = maxnorm_groups(
+    result = _maxnorm_groups(
         rewards, offsets, group_ids=group_ids, tau_res=tau_res, baseline=baseline,
         resolution=resolution, dead_zone=dead_zone, bounds=bounds, clip=clip,
         singleton=singleton, nan_policy=nan_policy, backend=backend,

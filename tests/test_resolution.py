@@ -6,6 +6,7 @@ from __future__ import annotations
 import traceback
 from fractions import Fraction
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import given
@@ -324,7 +325,7 @@ def test_kernel_matches_numpy_reference(batch, options, binning, omit, data):
     ref_res = resolve_rewards(values, batch.offsets, nan_policy=kw["nan_policy"],
                               backend="numpy", **resolve_kw)
     np.testing.assert_array_equal(fast_res.keep, ref_res.keep)
-    np.testing.assert_allclose(fast_res.rewards, ref_res.rewards, rtol=4e-16, atol=0)
+    np.testing.assert_array_equal(fast_res.rewards, ref_res.rewards)  # same IEEE operations
 
 
 @given(batch=ragged_batches(), options=maxnorm_options(),
@@ -501,25 +502,46 @@ def test_ids_path_equals_offsets_path(batch: RaggedBatch, options, seed):
     np.testing.assert_array_equal(res_ids.keep, res_off.keep[nonempty[np.argsort(first)]])
 
 
-def test_parallel_kernel_equals_serial_and_reference():
+def test_kernels_agree_bitwise_for_any_thread_count_and_with_the_serial_copy():
     rng = np.random.default_rng(7)
     sizes = rng.integers(0, 40, size=4000)
     values = rng.random(int(sizes.sum()))
     values[rng.random(values.size) < 0.2] = 0.5
     offsets = offsets_from_sizes(sizes)
-    assert values.size >= maxnorm_numba.PARALLEL_MIN_SIZE
+    assert values.size >= maxnorm_numba.PARALLEL_MIN_SIZE  # the threaded kernels run
     # dead zone 0.00237 lies off the grid of binned differences, so no |u| sits on its edge
     args = (values, offsets, 0.01, True, 0.00237, False, 0.0, 1.0, False, 0.01, 100.0, 100.0,
             False)
+    resolve_args = (values, offsets, 0.0, 1.0, False, 0.01, 100.0, 100.0, False)
+    previous = numba.get_num_threads()
+    try:
+        runs = []
+        for threads in range(1, numba.config.NUMBA_NUM_THREADS + 1):
+            numba.set_num_threads(threads)
+            runs.append((maxnorm_numba.maxnorm(*args), maxnorm_numba.resolve(*resolve_args)))
+    finally:
+        numba.set_num_threads(previous)
     outputs = [np.empty_like(values)] + [np.empty(sizes.size) for _ in range(2)] \
         + [np.empty(sizes.size, dtype=bool)] + [np.empty(sizes.size) for _ in range(2)]
     maxnorm_numba._maxnorm_serial(*args, *outputs)
-    parallel = maxnorm_numba.maxnorm(*args)
-    for a, b in zip(outputs, parallel, strict=True):
-        np.testing.assert_array_equal(a, b)
+    resolved = [np.empty_like(values), np.empty(sizes.size, dtype=bool)] \
+        + [np.empty(sizes.size) for _ in range(3)]
+    maxnorm_numba._resolve_serial(*resolve_args, *resolved)
+    for parallel, parallel_resolved in runs:
+        for a, b in zip(outputs, parallel, strict=True):
+            assert a.tobytes() == b.tobytes()
+        for a, b in zip(resolved, parallel_resolved, strict=True):
+            assert a.tobytes() == b.tobytes()
     reference = maxnorm_numpy.maxnorm(*args)
-    np.testing.assert_allclose(parallel[0], reference[0], rtol=0, atol=1e-12)
-    np.testing.assert_array_equal(parallel[3], reference[3])
+    np.testing.assert_allclose(outputs[0], reference[0], rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(outputs[3], reference[3])
+    np.testing.assert_array_equal(resolved[0], maxnorm_numpy.resolve(*resolve_args)[0])
+
+
+def test_kernels_are_cached_on_disk():
+    for name in ("_maxnorm_serial", "_maxnorm_parallel", "_resolve_serial",
+                 "_resolve_parallel"):
+        assert getattr(maxnorm_numba, name)._cache.__class__.__name__ == "FunctionCache"
 
 
 # --------------------------------------------------------------------------- garbage

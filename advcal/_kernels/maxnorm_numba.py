@@ -1,7 +1,8 @@
 """Numba kernels for the Reward-Resolution Protocol and MaxNorm-AC; oracle: ``maxnorm_numpy``.
 
 Kernels trust their inputs (``advcal.resolution`` validated them), loop over groups and
-write only their own group's slice, so results do not depend on the thread count.  All
+write only their own group's slice, so results do not depend on the thread count (and the
+serial and prange copies agree bit for bit: see FASTMATH).  All
 arithmetic is float64 whatever the reward dtype.  See ``maxnorm_numpy`` for the meaning
 of the shared arguments and outputs.
 
@@ -21,11 +22,13 @@ from numba import njit, prange
 # Below this many rewards a thread launch costs more than it saves.
 PARALLEL_MIN_SIZE = 1 << 16
 
-# Reassociation lets LLVM vectorize the sums.  Unlike ``modes.FASTMATH`` no "arcp" or
-# "contract": binning divides by ``inv_delta`` and must not become a multiplication by
-# ``delta`` (fused into an FMA), or bins would land off the decimal grid the numpy
-# reference hits (lo + k / 100 is the double nearest the decimal; lo + 0.01 * k is not).
-FASTMATH = frozenset({"reassoc", "nsz"})
+# Only "nsz" (min/max may ignore the sign of zero).  No "reassoc": the serial and the
+# prange copies would vectorize the group sums differently and differ in the last bit
+# (reassociation measured no faster on groups of 16).  No "arcp" or "contract": binning
+# divides by ``inv_delta`` and must not become a multiplication by ``delta`` fused into
+# an FMA, or bins would land off the decimal grid the numpy reference hits
+# (lo + k / 100 is the double nearest the decimal; lo + 0.01 * k is not).
+FASTMATH = frozenset({"nsz"})
 
 
 def compile_pair(loop):
