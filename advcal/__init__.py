@@ -31,6 +31,7 @@ from advcal.estimators import (
     rloo,
 )
 from advcal.layouts import GroupIndex, groups_from_ids, offsets_from_sizes
+from advcal.ranges import range_advantages
 from advcal.recovery import Recovery, recover
 from advcal.resolution import MaxNormResult, ResolvedRewards, maxnorm, resolve_rewards
 from advcal.risk import ThresholdSelection, select_threshold, setgrpo
@@ -75,6 +76,7 @@ __all__ = [
     "offsets_from_sizes",
     "opo",
     "passk",
+    "range_advantages",
     "recover",
     "reinforce_pp_baseline",
     "resolve_rewards",
