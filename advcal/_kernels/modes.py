@@ -15,9 +15,12 @@ FIXED = 3  # u / divisor, one divisor for the whole batch (batch_std, gpg)
 # LLVM may reassociate sums (so it vectorizes them) and use reciprocals, but must keep
 # NaN and inf semantics: the wrappers detect bad rewards by the NaN/inf they leave.
 FASTMATH = frozenset({"reassoc", "nsz", "arcp", "contract"})
+# Evaluation exactly in the order written (fused multiply-adds aside): for kernels whose
+# guarantees rest on the order, e.g. exact zeros from exact deviations.
+STRICT_FASTMATH = frozenset({"nsz", "contract"})
 
 
-def compile_pair(loop: Any) -> tuple[Any, Any]:
+def compile_pair(loop: Any, fastmath: frozenset[str] = FASTMATH) -> tuple[Any, Any]:
     """Compile one plain loop function twice: serially and with ``prange`` threads.
 
     The copies get distinct qualified names because numba's on-disk cache is keyed by
@@ -34,7 +37,8 @@ def compile_pair(loop: Any) -> tuple[Any, Any]:
         fn.__qualname__ = loop.__qualname__ + suffix
         return fn
 
-    serial = njit(cache=True, error_model="numpy", fastmath=set(FASTMATH))(renamed("_serial"))
-    parallel = njit(cache=True, error_model="numpy", fastmath=set(FASTMATH), parallel=True)(
+    flags = set(fastmath)
+    serial = njit(cache=True, error_model="numpy", fastmath=flags)(renamed("_serial"))
+    parallel = njit(cache=True, error_model="numpy", fastmath=flags, parallel=True)(
         renamed("_parallel"))
     return serial, parallel

@@ -4,11 +4,12 @@ Kernels trust their inputs (the public wrappers validated them).  Each loops ove
 and writes only its own group's slice, so results do not depend on the thread count.
 Statistics accumulate in float64 whatever the reward dtype.
 
-Each kernel also writes, per group, the divisor it used (``scale``) and the largest
-``|advantage|`` before the cast to the output dtype (``amax``).  ``amax`` turns NaN if any
-value of the group was non-finite, so finiteness is checked in O(B) instead of an extra
-pass over the rewards: every engine function returns ``(out, scale, amax, ok)`` with
-``ok`` false when some ``amax`` is NaN or above ``limit`` (the output dtype's maximum).
+Every engine function returns ``(out, scale, check, ok)``: the advantages, the divisor
+of each group (NaN where the group gets zeros), a per-group magnitude (``center_scale``:
+the L2 norm of the group's advantages; ``opo``/``passk``: their largest |value|) and
+``ok``, false when some group held a non-finite reward or its magnitude exceeds
+``limit`` (the output dtype's maximum).  A NaN or infinite reward makes its group's sum
+of squares non-finite, so finiteness is checked in O(B), without a pass over the rewards.
 """
 
 from __future__ import annotations
@@ -28,123 +29,115 @@ PARALLEL_MIN_SIZE = 1 << 16
 def _moments(g, omit_nan):
     """(count, shift, mean of g - shift, sum of squared deviations) of one group ``g``.
 
-    Shifting by a member of the group makes a constant group's deviations exactly 0,
-    whatever rounding the mean would otherwise leave (the ~4000x residue blow-up).
-    Loops run over a view ``g`` with ``range(g.size)``: numba then knows the index is
-    non-negative and LLVM vectorizes them (indexing ``x[lo + i]`` is 6x slower).
+    Deviations are taken from a member of the group (the shift): a constant group has
+    deviations, mean and sum of squares exactly 0, whatever the dtype or value, and in
+    whatever order the sums are reassociated.  Loops index a view ``g`` with
+    non-negative indices: indexing ``x[lo + i]`` blocks vectorization (6x slower).
     """
-    if not omit_nan:
-        n = g.size
-        if n == 0:
+    n = g.size
+    if omit_nan:
+        start = 0
+        while start < n and math.isnan(g[start]):
+            start += 1
+        if start == n:
             return 0, 0.0, 0.0, 0.0
-        shift = np.float64(g[0])
+        shift = np.float64(g[start])
         total = 0.0
-        for i in range(n):
-            total += g[i] - shift
-        mean = total / n
+        count = 0
+        for i in range(start, n):
+            if not math.isnan(g[i]):
+                total += g[i] - shift
+                count += 1
+        mean = total / count
         ss = 0.0
-        for i in range(n):
-            d = (g[i] - shift) - mean
-            ss += d * d
-        return n, shift, mean, ss
-    start = 0
-    while start < g.size and math.isnan(g[start]):
-        start += 1
-    if start == g.size:
+        for i in range(start, n):
+            if not math.isnan(g[i]):
+                d = (g[i] - shift) - mean
+                ss += d * d
+        return count, shift, mean, ss
+    if n == 0:
         return 0, 0.0, 0.0, 0.0
-    shift = np.float64(g[start])
+    shift = np.float64(g[0])
     total = 0.0
-    n = 0
-    for i in range(start, g.size):
-        v = g[i]
-        if not math.isnan(v):
-            total += v - shift
-            n += 1
+    for i in range(n):
+        total += g[i] - shift
     mean = total / n
     ss = 0.0
-    for i in range(start, g.size):
-        v = g[i]
-        if not math.isnan(v):
-            d = (v - shift) - mean
-            ss += d * d
+    for i in range(n):
+        d = (g[i] - shift) - mean
+        ss += d * d
     return n, shift, mean, ss
 
 
-@njit(cache=True, inline="always")
-def _divisor(mode, n, ss, eps, ddof, raw_singletons, divisor):
-    """What a group's centered rewards are divided by; NaN means "advantages 0"."""
-    if n == 0 or (n == 1 and not raw_singletons):
-        return math.nan  # no relative information
-    if mode == FIXED:
-        return divisor
-    if mode == GRPO:
-        if n == 1:
-            return 1.0 + eps  # verl's lone response: std taken as 1
-        return math.sqrt(ss / (n - ddof)) + eps if n > ddof else eps
-    if mode == RLOO and n > 1:
-        return (n - 1.0) / n
-    return 1.0
+# center_scale runs as three passes over the batch, each a plain loop over groups: the
+# statistics, then the divisors (square roots and divisions of independent groups
+# overlap instead of each group stalling on its own), then the writes.  Measured on
+# 2**20 rewards in groups of 16, three passes took 0.8 ns per reward against 1.6-2.2 ns
+# for the same work fused into one loop or into chunks of groups.
 
 
-# Groups are processed in chunks: statistics of the whole chunk first, then the
-# divisions and square roots in one loop over groups (whose latency then overlaps
-# instead of stalling each group), then the writes while the chunk is still in cache.
-CHUNK = 256
+def _statistics(x, offsets, omit_nan, count, shift, mean, ss):
+    for q in prange(offsets.size - 1):
+        count[q], shift[q], mean[q], ss[q] = _moments(x[offsets[q]:offsets[q + 1]], omit_nan)
 
 
-def _center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
-                  out, scale, amax):
-    n_groups = offsets.size - 1
-    count = np.empty(n_groups, dtype=np.int64)
-    shift = np.empty(n_groups)
-    mean = np.empty(n_groups)
+def _divisors(mode, eps, ddof, raw_singletons, divisor, limit, count, shift, mean, ss, scale):
+    """Per group: the divisor (NaN: advantages 0) and, in ``ss``, the advantages' L2 norm.
+
+    Returns the number of flagged groups: a non-finite reward (its sum of squares is
+    NaN/inf) or advantages whose norm exceeds ``limit``, the output dtype's maximum.
+    """
     n_bad = 0
-    for c in prange((n_groups + CHUNK - 1) // CHUNK):
-        first = c * CHUNK
-        last = min(first + CHUNK, n_groups)
-        for q in range(first, last):
-            count[q], shift[q], mean[q], scale[q] = _moments(
-                x[offsets[q]:offsets[q + 1]], omit_nan)
-        for q in range(first, last):
-            n = count[q]
-            ss = scale[q]
-            # A NaN/inf reward leaves ss non-finite: amax carries the flag to the wrapper.
-            amax[q] = 0.0 if ss - ss == 0.0 else math.nan
-            if n == 1 and raw_singletons:
-                shift[q] = 0.0
-                mean[q] = 0.0
-            scale[q] = _divisor(mode, n, ss, eps, ddof, raw_singletons, divisor)
-        for q in range(first, last):
-            g = x[offsets[q]:offsets[q + 1]]
-            o = out[offsets[q]:offsets[q + 1]]
-            s = scale[q]
-            if s != s or s == 0.0:
-                for i in range(g.size):
-                    o[i] = 0.0
-                if amax[q] != 0.0:
-                    n_bad += 1
-                continue  # (an else-branch here instead measured 20% slower)
-            group_max = 0.0
-            if omit_nan:
-                inv = 1.0 / s
-                for i in range(g.size):
-                    v = g[i]
-                    a = 0.0 if math.isnan(v) else ((v - shift[q]) - mean[q]) * inv
-                    o[i] = a
-                    group_max = max(group_max, abs(a))
+    for q in prange(count.size):
+        n = count[q]
+        spread = ss[q]
+        if spread - spread != 0.0:  # NaN or inf
+            scale[q] = math.nan
+            n_bad += 1
+            continue
+        if n >= 2 and spread > 0.0:
+            if mode == GRPO:
+                s = math.sqrt(spread / (n - ddof)) + eps
+            elif mode == RLOO:
+                s = (n - 1.0) / n
+            elif mode == FIXED:
+                s = divisor
             else:
-                inv = 1.0 / s
-                sh = shift[q]
-                m = mean[q]
-                for i in range(g.size):
-                    a = ((g[i] - sh) - m) * inv
-                    o[i] = a
-                    group_max = max(group_max, abs(a))
-            if amax[q] == 0.0:
-                amax[q] = group_max
-            if not amax[q] <= limit:
-                n_bad += 1
+                s = 1.0
+            ss[q] = math.sqrt(spread) / s
+        elif n == 1 and raw_singletons:
+            # verl's convention for a lone response: mean 0 and std 1.
+            s = 1.0 + eps if mode == GRPO else (divisor if mode == FIXED else 1.0)
+            ss[q] = abs(shift[q]) / s
+            shift[q] = 0.0
+            mean[q] = 0.0
+        else:  # no relative information (NaN), or no spread (exact zeros)
+            s = math.nan
+            ss[q] = 0.0
+        scale[q] = s
+        if not ss[q] <= limit:
+            n_bad += 1
     return n_bad
+
+
+def _write(x, offsets, omit_nan, shift, mean, scale, out):
+    for q in prange(offsets.size - 1):
+        g = x[offsets[q]:offsets[q + 1]]
+        o = out[offsets[q]:offsets[q + 1]]
+        s = scale[q]
+        if not s > 0.0:  # NaN: no relative information or no spread
+            for i in range(g.size):
+                o[i] = 0.0
+            continue
+        factor = 1.0 / s
+        sh = shift[q]
+        m = mean[q]
+        if omit_nan:
+            for i in range(g.size):
+                o[i] = 0.0 if math.isnan(g[i]) else ((g[i] - sh) - m) * factor
+        else:
+            for i in range(g.size):
+                o[i] = ((g[i] - sh) - m) * factor
 
 
 def _opo(x, weights, offsets, raw_singletons, omit_nan, out, scale, amax):
@@ -214,7 +207,7 @@ def _passk(x, offsets, eps, ddof, raw_singletons, omit_nan, out, scale, amax):
                 second = v
         group_max = 0.0
         if n >= 2:
-            s = _divisor(GRPO, n, ss, eps, ddof, False, 1.0)
+            s = math.sqrt(ss / (n - ddof)) + eps
             a = (np.float64(top) - np.float64(second)) / s
         elif n == 1 and raw_singletons:
             s = 1.0 + eps
@@ -225,15 +218,38 @@ def _passk(x, offsets, eps, ddof, raw_singletons, omit_nan, out, scale, amax):
         if best >= 0 and s == s and s != 0.0:
             out[best] = a
             group_max = abs(a) if a == a else a
-        if ss != ss:  # a NaN/inf anywhere in the group, even off the best response
+        if ss - ss != 0.0:  # a NaN/inf anywhere in the group (or overflow), even off the best
             group_max = math.nan
         scale[q] = s
         amax[q] = group_max
 
 
-_center_scale_serial, _center_scale_parallel = compile_pair(_center_scale)
+_statistics_serial, _statistics_parallel = compile_pair(_statistics)
+_divisors_serial, _divisors_parallel = compile_pair(_divisors)
+_write_serial, _write_parallel = compile_pair(_write)
 _opo_serial, _opo_parallel = compile_pair(_opo)
 _passk_serial, _passk_parallel = compile_pair(_passk)
+
+
+@njit(cache=True)
+def _center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
+                  out, scale, norm, threaded):
+    """The three passes behind one call into numba (each call costs ~1 us of unboxing)."""
+    n_groups = offsets.size - 1
+    count = np.empty(n_groups)
+    shift = np.empty(n_groups)
+    mean = np.empty(n_groups)
+    if threaded:
+        _statistics_parallel(x, offsets, omit_nan, count, shift, mean, norm)
+        n_bad = _divisors_parallel(mode, eps, ddof, raw_singletons, divisor, limit, count,
+                                   shift, mean, norm, scale)
+        _write_parallel(x, offsets, omit_nan, shift, mean, scale, out)
+    else:
+        _statistics_serial(x, offsets, omit_nan, count, shift, mean, norm)
+        n_bad = _divisors_serial(mode, eps, ddof, raw_singletons, divisor, limit, count,
+                                 shift, mean, norm, scale)
+        _write_serial(x, offsets, omit_nan, shift, mean, scale, out)
+    return n_bad
 
 
 def _outputs(x, offsets):
@@ -242,11 +258,10 @@ def _outputs(x, offsets):
 
 
 def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit):
-    out, scale, amax = _outputs(x, offsets)
-    kernel = _center_scale_parallel if x.size >= PARALLEL_MIN_SIZE else _center_scale_serial
-    n_bad = kernel(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
-                   out, scale, amax)
-    return out, scale, amax, n_bad == 0
+    out, scale, norm = _outputs(x, offsets)
+    n_bad = _center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
+                          limit, out, scale, norm, x.size >= PARALLEL_MIN_SIZE)
+    return out, scale, norm, n_bad == 0
 
 
 def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
