@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 import advcal
 from advcal import (
-    ESTIMATORS,
     advantages,
     batch_std,
     dr_grpo,

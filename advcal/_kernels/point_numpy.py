@@ -10,7 +10,6 @@ import numpy as np
 
 from advcal._kernels.modes import FIXED, GRPO, RLOO
 
-
 # Non-finite rewards propagate to NaN on purpose (the wrapper raises a clear error from
 # the flag), so numpy's floating-point warnings would only be noise.
 _quiet = np.errstate(all="ignore")
