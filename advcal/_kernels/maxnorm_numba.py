@@ -51,6 +51,13 @@ def _is_finite(v):
     return math.isfinite(v)
 
 
+@njit(cache=True, inline="always")
+def _all_finite(nan_free, low, high):
+    """Finiteness of a group from a per-reward ``v == v`` flag (cheap, and kept by LLVM
+    without the "nnan" flag) and its extreme raw rewards (which carry any inf)."""
+    return nan_free and _is_finite(low) and _is_finite(high)
+
+
 @njit(cache=True, inline="always", fastmath=set(FASTMATH))
 def _bin(v, lo, hi, clip, inv_delta, kmax):
     """Clip (optionally) and bin (unless ``inv_delta == 0``) one reward.
@@ -78,24 +85,24 @@ def _scan(g, o, stash, transform, lo, hi, clip, inv_delta, kmax, omit_nan):
     bmax = -math.inf
     low = math.inf
     high = -math.inf
-    finite = True
+    nan_free = True
     if not omit_nan:
         n = g.size
         if n == 0:
-            return n, 0.0, total, bmin, bmax, low, high, finite
+            return n, 0.0, total, bmin, bmax, low, high, True
         if not transform:  # the common case gets a branch-free loop
             shift = np.float64(g[0])
             for i in range(n):
                 v = np.float64(g[i])
-                finite &= _is_finite(v)
+                nan_free &= v == v
                 total += v - shift
                 low = min(low, v)
                 high = max(high, v)
-            return n, shift, total, low, high, low, high, finite
+            return n, shift, total, low, high, low, high, _all_finite(nan_free, low, high)
         shift = _bin(np.float64(g[0]), lo, hi, clip, inv_delta, kmax)
         for i in range(n):
             v = np.float64(g[i])
-            finite &= _is_finite(v)
+            nan_free &= v == v
             b = _bin(v, lo, hi, clip, inv_delta, kmax)
             if stash:
                 o[i] = b
@@ -104,14 +111,14 @@ def _scan(g, o, stash, transform, lo, hi, clip, inv_delta, kmax, omit_nan):
             high = max(high, v)
             bmin = min(bmin, b)
             bmax = max(bmax, b)
-        return n, shift, total, bmin, bmax, low, high, finite
+        return n, shift, total, bmin, bmax, low, high, _all_finite(nan_free, low, high)
     n = 0
     shift = 0.0
     for i in range(g.size):
         v = np.float64(g[i])
         if math.isnan(v):
             continue
-        finite &= _is_finite(v)
+        nan_free &= v == v
         b = _bin(v, lo, hi, clip, inv_delta, kmax) if transform else v
         if n == 0:
             shift = b
@@ -121,7 +128,7 @@ def _scan(g, o, stash, transform, lo, hi, clip, inv_delta, kmax, omit_nan):
         bmin = min(bmin, b)
         bmax = max(bmax, b)
         n += 1
-    return n, shift, total, bmin, bmax, low, high, finite
+    return n, shift, total, bmin, bmax, low, high, n == 0 or _all_finite(nan_free, low, high)
 
 
 @njit(cache=True, inline="always", fastmath=set(FASTMATH))
@@ -160,7 +167,7 @@ def _resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan,
         g = x[offsets[q]:offsets[q + 1]]
         o = out[offsets[q]:offsets[q + 1]]
         n = 0
-        finite = True
+        nan_free = True
         low = math.inf
         high = -math.inf
         bmin = math.inf
@@ -169,7 +176,7 @@ def _resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan,
             n = g.size
             for i in range(n):
                 v = np.float64(g[i])
-                finite &= _is_finite(v)
+                nan_free &= v == v
                 b = _bin(v, lo, hi, clip, inv_delta, kmax)
                 o[i] = b
                 low = min(low, v)
@@ -182,7 +189,7 @@ def _resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan,
                 if math.isnan(v):
                     o[i] = v
                     continue
-                finite &= _is_finite(v)
+                nan_free &= v == v
                 b = _bin(v, lo, hi, clip, inv_delta, kmax)
                 o[i] = b
                 low = min(low, v)
@@ -193,7 +200,7 @@ def _resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan,
         keep[q] = n >= 2 and bmin != bmax
         rmin[q] = low
         rmax[q] = high
-        flag[q] = 0.0 if finite else math.nan
+        flag[q] = 0.0 if n == 0 or _all_finite(nan_free, low, high) else math.nan
 
 
 def _maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta,
