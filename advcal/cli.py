@@ -168,7 +168,7 @@ def _number(value: Any, what: str, where: str) -> float:
 
 
 def _columns(rows: list[tuple[str, dict[str, Any]]], group_col: str, reward_col: str,
-             second_col: str | None) -> _RewardLog:
+             second_col: str | None, *, csv_ids: bool) -> _RewardLog:
     """Turn ``(where, row)`` records into a reward log, checking every cell."""
     if not rows:
         raise _BadInput("no rows (the file holds no responses)")
@@ -185,7 +185,8 @@ def _columns(rows: list[tuple[str, dict[str, Any]]], group_col: str, reward_col:
         label = row[group_col]
         if isinstance(label, (list, dict)):
             raise _BadInput(f"{where}: group id {json.dumps(label)} is not a scalar")
-        groups.append(label)
+        # JSON ids are told apart by their JSON text: Python would merge 1, 1.0 and true.
+        groups.append(label if isinstance(label, str) and csv_ids else json.dumps(label))
         rewards.append(_number(row[reward_col], f"{reward_col!r} value", where))
         if second_col is not None:
             second.append(_number(row[second_col], f"{second_col!r} value", where))
@@ -205,7 +206,7 @@ def _read_csv(path: Path, args: argparse.Namespace) -> _RewardLog:
         if missing:
             raise _BadInput(f"no column {missing[0]!r} (columns: "
                             f"{', '.join(reader.fieldnames)})")
-    return _columns(rows, args.group_col, args.reward_col, args.second_col)
+    return _columns(rows, args.group_col, args.reward_col, args.second_col, csv_ids=True)
 
 
 def _read_jsonl(path: Path, args: argparse.Namespace) -> _RewardLog:
@@ -222,7 +223,7 @@ def _read_jsonl(path: Path, args: argparse.Namespace) -> _RewardLog:
                 raise _BadInput(f"line {lineno}: expected a JSON object, got "
                                 f"{type(row).__name__}")
             rows.append((f"line {lineno}", row))
-    return _columns(rows, args.group_col, args.reward_col, args.second_col)
+    return _columns(rows, args.group_col, args.reward_col, args.second_col, csv_ids=False)
 
 
 def _read_npz(path: Path, args: argparse.Namespace) -> _RewardLog:

@@ -82,7 +82,7 @@ def direction_cosine(w_a: ArrayLike, w_b: ArrayLike) -> float:
     return float(np.clip(cosine, -1.0, 1.0))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity equality: fields hold arrays
 class MethodDiagnostics:
     """Scale diagnostics of one estimator on one batch (definitions: :func:`scale_diagnostics`).
 
@@ -132,7 +132,7 @@ def _fmt(value: float | None, width: int) -> str:
     return f"{value:>{width}.4g}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ScaleDiagnostics:
     """Result of :func:`scale_diagnostics`: one :class:`MethodDiagnostics` per method.
 

@@ -110,6 +110,19 @@ def test_diagnose_jsonl(capsys, tmp_path):
     assert scale_diagnostics(np.array(REWARDS), group_ids=ids).table() in out
 
 
+def test_jsonl_group_ids_are_told_apart_by_their_json_text(capsys, tmp_path):
+    # Python would merge 1, 1.0 and true into one group; JSON keeps them apart
+    path = tmp_path / "ids.jsonl"
+    ids = [1, 1, 1.0, 1.0, True, True, "1", "1"]
+    rewards = [0.0, 1.0, 0.2, 0.4, 0.5, 0.5, 0.3, 0.9]
+    path.write_text("".join(json.dumps({"group": g, "reward": r}) + "\n"
+                            for g, r in zip(ids, rewards, strict=True)), encoding="utf-8")
+    out = run_ok(capsys, ["diagnose", str(path)])
+    offsets = [0, 2, 4, 6, 8]
+    assert scale_diagnostics(np.array(rewards), offsets).table() in out
+    assert "4 groups with >= 2 responses" in out
+
+
 @pytest.mark.parametrize("layout", ["dense", "offsets", "group_ids"])
 def test_diagnose_npz(capsys, tmp_path, layout):
     dense = np.array(REWARDS[:8]).reshape(2, 4)
