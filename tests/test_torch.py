@@ -181,12 +181,6 @@ def test_maxnorm_ragged_with_group_ids_and_dispatcher() -> None:
     assert (out[[1, 3]] == 0).all()  # group 2 is zero-gap
 
 
-# TEMPORARY until advcal.ranges lands in the same tree (removed before the final commit).
-needs_ranges = pytest.mark.skipif(not hasattr(advcal, "range_advantages"),
-                                  reason="advcal.ranges not landed yet")
-
-
-@needs_ranges
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + HALF_DTYPES)
 @pytest.mark.parametrize("relation", ["dominance", "midpoint", "probabilistic"])
 def test_range_advantages_match_numpy(dtype: torch.dtype, relation: str) -> None:
@@ -199,7 +193,6 @@ def test_range_advantages_match_numpy(dtype: torch.dtype, relation: str) -> None
     assert torch.equal(out, torch.from_numpy(expected).to(dtype))
 
 
-@needs_ranges
 def test_range_advantages_ragged_and_points_collapse_to_dr_grpo() -> None:
     points = torch.tensor([0.2, 0.9, 0.4, 0.6, 0.1], dtype=torch.float64)
     offsets = torch.tensor([0, 3, 5])
