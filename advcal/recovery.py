@@ -32,7 +32,7 @@ __all__ = ["Recovery", "recover"]
 
 # Groups below which one thread beats the thread pool (whose barrier also suffers most
 # when the machine is shared).
-PARALLEL_MIN_GROUPS = 512
+PARALLEL_MIN_GROUPS = 2048
 
 
 class Recovery(NamedTuple):

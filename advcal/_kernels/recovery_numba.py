@@ -51,11 +51,14 @@ def _check_gram(k, base, n, work):
         for j in range(i + 1, n):
             if abs(k[base + i * n + j] - k[base + j * n + i]) > tol:
                 return NOT_SYMMETRIC, scale
-    # PSD within tolerance: K + tol·I must have a Cholesky factor.
+    # PSD within tolerance: K + tol·I must have a Cholesky factor.  The reciprocals of
+    # the pivots live in the last column of ``work`` (never read as part of L before it is
+    # overwritten: row i only reads columns < i).
     shift = tol + 1e-300
+    last = work.shape[1] - 1
     for i in range(n):
         for j in range(i + 1):
-            s = 0.5 * (k[base + i * n + j] + k[base + j * n + i])
+            s = k[base + i * n + j]
             if i == j:
                 s += shift
             for p in range(j):
@@ -65,7 +68,8 @@ def _check_gram(k, base, n, work):
                     return NOT_PSD, scale
                 work[i, i] = math.sqrt(s)
             else:
-                work[i, j] = s / work[j, j]
+                work[i, j] = s * work[j, last]
+        work[i, last] = 1.0 / work[i, i]
     return OK, scale
 
 
@@ -389,9 +393,9 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference)
                     hmat[j, i] = sym
                 trace += hmat[i, i]
             _matvec(root, base, n, kc, g)
-            _tridiagonalize(hmat, n, vs, diag, off, ka0)
             for i in range(n):
                 rhs[i] = -g[i]
+            _tridiagonalize(hmat, n, vs, diag, off, ka0)
             _apply_reflectors(vs, n, rhs, True)
             _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace)
             _apply_reflectors(vs, n, y, False)
