@@ -63,6 +63,7 @@ def test_demo_prints_the_scale_table_and_the_paper_finding(capsys):
     assert f"GRPO's inverse-scale P99 is {p99:.0f}" in out
     # orders of magnitude above the cap 1/tau_res = 100, which MaxNorm never exceeds
     assert p99 >= 1000 and diag["maxnorm"].inverse_scale_max <= 100
+    assert "With the Reward-Resolution Protocol (resolution 0.01), MaxNorm skips" in out
 
 
 # --------------------------------------------------------------------------- good files
