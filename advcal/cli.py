@@ -137,8 +137,9 @@ def _run_demo(args: argparse.Namespace) -> int:
     protocol = scale_diagnostics(noisy, methods=("maxnorm",), tau_res=_DEMO_TAU_RES,
                                  resolution=_DEMO_TAU_RES, reference=clean)["maxnorm"]
     print(f"With the Reward-Resolution Protocol (resolution {_DEMO_TAU_RES:g}), MaxNorm skips "
-          f"{protocol.zero_gap_fraction:.0%} of the groups as zero-gap (constant up to jitter) and its "
-          f"direction cosine to the clean weights is {protocol.direction_cosine:.4f}.")
+          f"{protocol.zero_gap_fraction:.0%} of the groups as zero-gap (constant up to "
+          f"jitter) and its direction cosine to the clean weights is "
+          f"{protocol.direction_cosine:.4f}.")
     return 0
 
 
