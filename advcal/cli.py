@@ -202,7 +202,7 @@ def _columns(rows: list[tuple[str, dict[str, Any]]], group_col: str, reward_col:
 
 
 def _read_csv(path: Path, args: argparse.Namespace) -> _RewardLog:
-    with path.open(newline="", encoding="utf-8") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:  # tolerate a BOM (Excel)
         reader = csv.DictReader(f)
         if reader.fieldnames is None:
             raise _BadInput("empty file (no header row)")

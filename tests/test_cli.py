@@ -75,6 +75,12 @@ def test_diagnose_csv(capsys, tmp_path):
     assert "cosine" not in out
 
 
+def test_diagnose_csv_with_byte_order_mark(capsys, tmp_path):
+    path = good_csv(tmp_path)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # as spreadsheet programs save
+    assert expected_table() in run_ok(capsys, ["diagnose", str(path)])
+
+
 def test_diagnose_csv_second_scoring_and_options(capsys, tmp_path):
     path = good_csv(tmp_path)
     out = run_ok(capsys, ["diagnose", str(path), "--second-col", "judge", "--tau-res", "0.02",
