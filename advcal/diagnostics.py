@@ -234,7 +234,9 @@ def _method_weights(method: str, groups: _Groups, values: np.ndarray, tau_res: f
         return result.flat, result.scale, result.keep
     if method == "grpo":
         weights = grpo(values, offsets, eps=eps, backend=backend)
-        return weights, groups.sigma + eps, groups.gap
+        scale = groups.sigma + eps
+        # With eps = 0 a gap below sqrt(tiny) squares to a zero std: grpo skips the group.
+        return weights, scale, groups.gap & (scale > 0.0)
     estimator = dr_grpo if method == "dr_grpo" else rloo
     return estimator(values, offsets, backend=backend), np.ones(groups.sizes.size), groups.gap
 
@@ -301,7 +303,8 @@ def scale_diagnostics(
       Reported: P50, P95, P99 (``numpy.percentile``, linear interpolation) and max.
     * **zero-gap fraction**: among groups with two or more responses, the fraction the
       method skips (all rewards equal; for MaxNorm with ``resolution``, all binned
-      rewards equal).  Every method here gives such groups exactly 0.
+      rewards equal; for GRPO with ``eps=0`` also a gap so small that its standard
+      deviation underflows to 0).  Every method here gives such groups exactly 0.
     * **beta_eff range**: min and max of beta_eff,q = beta * s_q.
     * **R/KL**: the reward-to-KL ratio on the cardinal reward scale,
       R/KL_q = mean_i |u_i| / beta_eff,q = mean_i |w_i| / beta, averaged over groups.

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import advcal
 from advcal import (
     MethodDiagnostics,
     ScaleDiagnostics,
@@ -96,6 +97,14 @@ def test_no_informative_group_gives_documented_nan():
         assert all(math.isnan(getattr(d, f)) for f in STAT_FIELDS)
         assert d.max_abs_weight == 0.0
     assert "n/a" in diag.table()
+
+
+def test_grpo_skips_groups_whose_std_underflows_without_eps():
+    rewards = np.array([[0.0, 1e-300], [0.0, 1.0]])
+    assert (advcal.grpo(rewards, eps=0.0)[0] == 0.0).all()  # the estimator skips group 0
+    diag = scale_diagnostics(rewards, methods=("grpo",), eps=0.0)["grpo"]
+    assert diag.zero_gap_fraction == 0.5 and diag.n_informative == 1
+    np.testing.assert_allclose(diag.inverse_scale, [np.sqrt(2.0)])
 
 
 def test_reference_scoring_adds_direction_cosine():
