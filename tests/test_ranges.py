@@ -151,16 +151,29 @@ def test_kernel_matches_the_quadratic_reference(relation, batch):
 
 
 @pytest.mark.parametrize("relation", RELATIONS)
-def test_kernel_matches_reference_on_large_and_parallel_batches(relation):
+@pytest.mark.parametrize("sizes", ["ragged", "similar", "dense"])
+def test_kernel_matches_reference_on_large_batches_any_thread_count(relation, sizes,
+                                                                    monkeypatch):
+    from advcal._kernels import ranges_numba
+
     rng = np.random.default_rng(2)
-    sizes = np.concatenate([[0, 1, 2, 500], rng.integers(0, 40, 600)])
-    offsets = offsets_from_sizes(sizes)
-    n = int(offsets[-1])  # above the parallel threshold
+    # The three sorting paths: per-group sort (one huge group), +inf-padded rows
+    # (similar sizes), numpy's row sort (equal sizes).
+    group_sizes = {
+        "ragged": np.concatenate([[0, 1, 2, 500], rng.integers(0, 40, 300)]),
+        "similar": np.concatenate([[0, 1], rng.integers(20, 40, 300)]),
+        "dense": np.full(300, 24),
+    }[sizes]
+    offsets = offsets_from_sizes(group_sizes)
+    n = int(offsets[-1])
     lo = np.round(rng.random(n), 2)  # ties in lo and hi
     hi = lo + np.where(rng.random(n) < 0.3, 0.0, np.round(rng.random(n) * 0.3, 2))
-    fast = range_advantages(lo, hi, offsets, relation=relation)
+    serial = range_advantages(lo, hi, offsets, relation=relation)
     slow = range_advantages(lo, hi, offsets, relation=relation, backend="numpy")
-    np.testing.assert_allclose(fast, slow, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(serial, slow, rtol=0, atol=1e-12)
+    monkeypatch.setattr(ranges_numba, "PARALLEL_MIN_SIZE", 0)
+    threaded = range_advantages(lo, hi, offsets, relation=relation)
+    np.testing.assert_array_equal(threaded, serial)  # bitwise, whatever the threads
 
 
 @pytest.mark.parametrize("backend", ["numba", "numpy"])

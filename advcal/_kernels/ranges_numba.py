@@ -5,11 +5,16 @@ Each loops over groups (``prange`` above a size threshold) and writes only its o
 group's slice of the outputs and scratch arrays, so results do not depend on the
 thread count.
 
-Dominance in O(n log n) per group: with h sorted and its prefix sums,
-Σ_j (l_i − h_j)₊ = c·l_i − (sum of the c smallest h), c = #{h_j < l_i} by binary search;
-with l sorted and its suffix sums, Σ_j (l_j − h_i)₊ = (sum of the l above h_i) − c'·h_i.
-Prefix and suffix sums are accumulated directly (never as a difference of two partial
-sums, which would cancel).
+Dominance in O(n log n) per group (DESIGN §5): sort h and l, prefix sums of the sorted h
+and suffix sums of the sorted l, then for every response
+Σ_j (l_i − h_j)₊ = c_i·l_i − (sum of the c_i smallest h), c_i = #{h_j < l_i}, and
+Σ_j (l_j − h_i)₊ = (sum of the l above h_i) − c'_i·h_i, c'_i = #{l_j > h_i}.
+The counts come from binary searches run for all n responses of a group in lockstep,
+with a select instead of a branch per step: one search at a time is a chain of
+unpredictable branches and dependent loads (measured ~3x slower).  Sums are
+accumulated directly from the shifted values, never as a difference of two partial
+sums.  Sorting: numpy's vectorized sort of the (B, G) view for equal-size groups,
++inf-padded rows for similar sizes, numba's per-group sort otherwise.
 """
 
 from __future__ import annotations
@@ -19,69 +24,120 @@ from numba import njit, prange
 
 from advcal._kernels.modes import compile_pair
 
-# Below this many responses a thread launch costs more than it saves.
-PARALLEL_MIN_SIZE = 1 << 13
+# Threads only above this many responses (as in point_numba).  Measured at 2**18
+# responses on the 2-core test machine: the threaded dominance kernel 2.3x faster than
+# the serial one when the cores were free, but 2-3x slower while other jobs kept both
+# cores busy (OpenMP workers waiting for a core).
+PARALLEL_MIN_SIZE = 1 << 16
 
 
-@njit(cache=True, inline="always")
-def _count_below(sorted_values, start, stop, x):
-    """Number of entries of the sorted slice [start, stop) strictly below ``x``."""
-    a = start
-    b = stop
-    while a < b:
-        mid = (a + b) >> 1
-        if sorted_values[mid] < x:
-            a = mid + 1
-        else:
-            b = mid
-    return a - start
-
-
-@njit(cache=True, inline="always")
-def _count_at_most(sorted_values, start, stop, x):
-    """Number of entries of the sorted slice [start, stop) at most ``x``."""
-    a = start
-    b = stop
-    while a < b:
-        mid = (a + b) >> 1
-        if sorted_values[mid] <= x:
-            a = mid + 1
-        else:
-            b = mid
-    return a - start
-
-
-def _dominance(lo, hi, offsets, sorted_hi, sorted_lo, prefix_hi, suffix_lo, out):
+def _sort_groups(x, offsets, out):
+    """Copy of ``x`` with each group sorted in place (ragged batches)."""
     for q in prange(offsets.size - 1):
         start = offsets[q]
         stop = offsets[q + 1]
-        n = stop - start
-        if n == 0:
-            continue
-        # Shift by a member of the group: translation leaves the differences unchanged.
-        ref = lo[start]
         for t in range(start, stop):
-            sorted_hi[t] = hi[t] - ref
-            sorted_lo[t] = lo[t] - ref
-        sorted_hi[start:stop].sort()
-        sorted_lo[start:stop].sort()
-        acc = 0.0
-        for t in range(start, stop):
-            acc += sorted_hi[t]
-            prefix_hi[t] = acc
-        acc = 0.0
-        for t in range(stop - 1, start - 1, -1):
-            acc += sorted_lo[t]
-            suffix_lo[t] = acc
-        for i in range(start, stop):
-            li = lo[i] - ref
-            hi_i = hi[i] - ref
-            below = _count_below(sorted_hi, start, stop, li)
-            ahead = below * li - prefix_hi[start + below - 1] if below > 0 else 0.0
-            at_most = _count_at_most(sorted_lo, start, stop, hi_i)
-            above = n - at_most
-            behind = suffix_lo[start + at_most] - above * hi_i if above > 0 else 0.0
-            out[i] = (ahead - behind) / n
+            out[t] = x[t]
+        out[start:stop].sort()
+
+
+def _pad(x, offsets, width, padded):
+    """Ragged groups as the rows of a (B, width) array, +inf past each group's end."""
+    for q in prange(offsets.size - 1):
+        start = offsets[q]
+        n = offsets[q + 1] - start
+        for t in range(n):
+            padded[q, t] = x[start + t]
+        for t in range(n, width):
+            padded[q, t] = np.inf
+
+
+def _unpad(padded, offsets, out):
+    for q in prange(offsets.size - 1):
+        start = offsets[q]
+        for t in range(offsets[q + 1] - start):
+            out[start + t] = padded[q, t]
+
+
+# Groups handled per prange task: its scratch arrays are allocated once per task.
+_CHUNK = 64
+
+
+def _dominance(lo, hi, offsets, sorted_lo, sorted_hi, max_size, out):
+    n_groups = offsets.size - 1
+    for task in prange((n_groups + _CHUNK - 1) // _CHUNK):
+        below = np.empty(max_size + 1)  # below[c]: sum of the c smallest h
+        above = np.empty(max_size + 1)  # above[c]: sum of the l from the c-th smallest on
+        pos = np.empty(max_size, dtype=np.int64)
+        for q in range(task * _CHUNK, min(n_groups, (task + 1) * _CHUNK)):
+            start = offsets[q]
+            stop = offsets[q + 1]
+            n = stop - start
+            if n == 0:
+                continue
+            # Views of the group: indices from 0 let numba drop its negative-index
+            # wraparound, and LLVM then vectorizes the loops (measured 5x).
+            lo_q = lo[start:stop]
+            hi_q = hi[start:stop]
+            sorted_lo_q = sorted_lo[start:stop]
+            sorted_hi_q = sorted_hi[start:stop]
+            out_q = out[start:stop]
+            # Shift by a member of the group: translation leaves the differences unchanged.
+            ref = lo_q[0]
+            acc = 0.0
+            below[0] = 0.0
+            for t in range(n):
+                acc += sorted_hi_q[t] - ref
+                below[t + 1] = acc
+            acc = 0.0
+            above[n] = 0.0
+            for t in range(n - 1, -1, -1):
+                acc += sorted_lo_q[t] - ref
+                above[t] = acc
+            # c_i = #{h_j < l_i}: Σ_j (l_i − h_j)₊ = c_i·l_i − below[c_i].
+            _lower_bounds(sorted_hi_q, lo_q, n, pos)
+            for i in range(n):
+                out_q[i] = pos[i] * (lo_q[i] - ref) - below[pos[i]]
+            # c'_i = #{l_j <= h_i}: Σ_j (l_j − h_i)₊ = above[c'_i] − (n − c'_i)·h_i.
+            _upper_bounds(sorted_lo_q, hi_q, n, pos)
+            for i in range(n):
+                behind = above[pos[i]] - (n - pos[i]) * (hi_q[i] - ref)
+                out_q[i] = (out_q[i] - behind) / n
+
+
+@njit(cache=True, inline="always")
+def _lower_bounds(sorted_values, x, n, pos):
+    """pos[i] = #{sorted_values[:n] < x[i]} for every i < n, in lockstep.
+
+    Branch-free binary search (each step a select, not a jump) run for all queries at
+    once: the n searches are independent, so their loads overlap instead of stalling
+    one chain of unpredictable branches per query.
+    """
+    for i in range(n):
+        pos[i] = 0
+    length = n
+    while length > 1:
+        half = length >> 1
+        for i in range(n):
+            pos[i] += half if sorted_values[pos[i] + half] < x[i] else 0
+        length -= half
+    for i in range(n):
+        pos[i] += 1 if sorted_values[pos[i]] < x[i] else 0
+
+
+@njit(cache=True, inline="always")
+def _upper_bounds(sorted_values, x, n, pos):
+    """pos[i] = #{sorted_values[:n] <= x[i]} (see _lower_bounds)."""
+    for i in range(n):
+        pos[i] = 0
+    length = n
+    while length > 1:
+        half = length >> 1
+        for i in range(n):
+            pos[i] += half if sorted_values[pos[i] + half] <= x[i] else 0
+        length -= half
+    for i in range(n):
+        pos[i] += 1 if sorted_values[pos[i]] <= x[i] else 0
 
 
 def _midpoint(lo, hi, offsets, out):
@@ -91,14 +147,17 @@ def _midpoint(lo, hi, offsets, out):
         n = stop - start
         if n == 0:
             continue
+        lo_q = lo[start:stop]
+        hi_q = hi[start:stop]
+        out_q = out[start:stop]
         # Deviations from a member's midpoint: equal midpoints give exact zeros.
-        ref = 0.5 * (lo[start] + hi[start])
+        ref = 0.5 * (lo_q[0] + hi_q[0])
         total = 0.0
-        for t in range(start, stop):
-            total += 0.5 * (lo[t] + hi[t]) - ref
+        for t in range(n):
+            total += 0.5 * (lo_q[t] + hi_q[t]) - ref
         mean = total / n
-        for t in range(start, stop):
-            out[t] = (0.5 * (lo[t] + hi[t]) - ref) - mean
+        for t in range(n):
+            out_q[t] = (0.5 * (lo_q[t] + hi_q[t]) - ref) - mean
 
 
 @njit(cache=True, inline="always")
@@ -139,31 +198,54 @@ def _probabilistic(lo, hi, offsets, out):
         n = stop - start
         if n == 0:
             continue
-        ref = lo[start]
-        for i in range(start, stop):
-            out[i] = 0.0
-        for i in range(start, stop):
-            li = lo[i] - ref
-            hi_i = hi[i] - ref
+        lo_q = lo[start:stop]
+        hi_q = hi[start:stop]
+        out_q = out[start:stop]
+        ref = lo_q[0]
+        for i in range(n):
+            out_q[i] = 0.0
+        # φ is antisymmetric: each pair once, added to i and subtracted from j.
+        for i in range(n):
+            li = lo_q[i] - ref
+            hi_i = hi_q[i] - ref
             mi = 0.5 * (li + hi_i)
-            for j in range(i + 1, stop):
-                lj = lo[j] - ref
-                hj = hi[j] - ref
+            for j in range(i + 1, n):
+                lj = lo_q[j] - ref
+                hj = hi_q[j] - ref
                 gap = mi - 0.5 * (lj + hj)
                 if gap != 0.0:
                     phi = gap * abs(_sign_expectation(li, hi_i, lj, hj))
-                    out[i] += phi
-                    out[j] -= phi
-        for i in range(start, stop):
-            out[i] /= n
+                    out_q[i] += phi
+                    out_q[j] -= phi
+        for i in range(n):
+            out_q[i] /= n
 
 
+_sort_groups_serial, _sort_groups_parallel = compile_pair(_sort_groups)
+_pad_serial, _pad_parallel = compile_pair(_pad)
+_unpad_serial, _unpad_parallel = compile_pair(_unpad)
 _dominance_serial, _dominance_parallel = compile_pair(_dominance)
 _midpoint_serial, _midpoint_parallel = compile_pair(_midpoint)
 _probabilistic_serial, _probabilistic_parallel = compile_pair(_probabilistic)
 
-# Probabilistic work grows with n² per group: threads pay off sooner.
-_PROBABILISTIC_MIN_SIZE = 1 << 10
+
+def _sorted_within_groups(x, offsets, max_size, parallel):
+    """``x`` with each group sorted (a copy)."""
+    sizes = np.diff(offsets)
+    if sizes.size and max_size > 1 and (sizes == max_size).all():
+        # Equal-size groups: numpy's vectorized (SIMD) sort of the (B, G) view is an
+        # order of magnitude faster than numba's per-group quicksort.
+        return np.sort(x.reshape(sizes.size, max_size), axis=1).reshape(-1)
+    out = np.empty_like(x)
+    if max_size > 1 and sizes.size * max_size <= 2 * x.size:
+        # Similar sizes: pad to (B, max_size) with +inf (sorts last), sort the rows.
+        padded = np.empty((sizes.size, max_size))
+        (_pad_parallel if parallel else _pad_serial)(x, offsets, max_size, padded)
+        padded.sort(axis=1)
+        (_unpad_parallel if parallel else _unpad_serial)(padded, offsets, out)
+        return out
+    (_sort_groups_parallel if parallel else _sort_groups_serial)(x, offsets, out)
+    return out
 
 
 def range_advantages(lo, hi, offsets, relation):
@@ -171,14 +253,16 @@ def range_advantages(lo, hi, offsets, relation):
     out = np.empty(lo.size)
     if relation == 0:
         parallel = lo.size >= PARALLEL_MIN_SIZE
+        max_size = int(np.diff(offsets).max(initial=0))
+        sorted_lo = _sorted_within_groups(lo, offsets, max_size, parallel)
+        sorted_hi = _sorted_within_groups(hi, offsets, max_size, parallel)
         kernel = _dominance_parallel if parallel else _dominance_serial
-        scratch = np.empty((4, lo.size))
-        kernel(lo, hi, offsets, scratch[0], scratch[1], scratch[2], scratch[3], out)
+        kernel(lo, hi, offsets, sorted_lo, sorted_hi, max_size, out)
     elif relation == 1:
         kernel = _midpoint_parallel if lo.size >= PARALLEL_MIN_SIZE else _midpoint_serial
         kernel(lo, hi, offsets, out)
     else:
-        parallel = lo.size >= _PROBABILISTIC_MIN_SIZE
+        parallel = lo.size >= PARALLEL_MIN_SIZE
         kernel = _probabilistic_parallel if parallel else _probabilistic_serial
         kernel(lo, hi, offsets, out)
     return out
