@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from advcal import scale_diagnostics
 from advcal.cli import demo_diagnostics, main
@@ -218,6 +220,39 @@ def test_bad_options_are_one_line_errors(capsys, tmp_path):
         main(["diagnose", path, "--tau-res", "abc"])
     assert exc.value.code == 2
     capsys.readouterr()
+
+
+bad_cells = st.one_of(st.sampled_from(["", "nan", "-inf", "1e999", "x", "a,b", '"', "true"]),
+                      st.text(max_size=6))
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=60)
+@given(groups=st.lists(st.sampled_from(["1", "2"]), max_size=10),
+       data=st.data(), corrupt=st.booleans(), raw=st.binary(max_size=40),
+       kind=st.sampled_from(["csv", "csv", "jsonl", "jsonl", "npz", "bytes"]))
+def test_any_file_gives_a_table_or_one_error_line(capsys, tmp_path, groups, data, corrupt,
+                                                  raw, kind):
+    rows = [[g, repr(data.draw(st.floats(-10, 10)))] for g in groups]
+    if corrupt and rows:
+        row = data.draw(st.sampled_from(rows))
+        row[data.draw(st.integers(0, 1))] = data.draw(bad_cells)
+    path = tmp_path / f"fuzz.{'csv' if kind in ('csv', 'bytes') else kind}"
+    if kind == "csv":
+        path.write_text("\n".join(["group,reward"] + [f"{g},{r}" for g, r in rows]),
+                        encoding="utf-8")
+    elif kind == "jsonl":
+        path.write_text("\n".join(f'{{"group": {g}, "reward": {r}}}' for g, r in rows),
+                        encoding="utf-8")
+    else:
+        path.write_bytes(raw)
+    code = main(["diagnose", str(path)])
+    captured = capsys.readouterr()
+    event(f"exit {code}")
+    assert code in (0, 2)
+    if code == 2:
+        assert captured.out == "" and captured.err.count("\n") == 1
+    else:
+        assert "method" in captured.out and captured.err == ""
 
 
 # --------------------------------------------------------------------------- plot

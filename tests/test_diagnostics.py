@@ -318,10 +318,11 @@ def test_rewards_errors():
 
 @given(rewards=garbage_arrays(), offsets=st.one_of(st.none(), garbage_arrays()),
        reference=st.one_of(st.none(), garbage_arrays()),
-       tau=st.one_of(st.floats(), st.just(0.01)), beta=st.one_of(st.floats(), st.just(0.04)))
-def test_garbage_input_gives_only_advcal_errors(rewards, offsets, reference, tau, beta):
+       tau=st.one_of(st.floats(), st.just(0.01)), beta=st.one_of(st.floats(), st.just(0.04)),
+       eps=st.one_of(st.floats(), st.sampled_from([0.0, 1e-6])))
+def test_garbage_input_gives_only_advcal_errors(rewards, offsets, reference, tau, beta, eps):
     diag = own_error_or_result(scale_diagnostics, rewards, offsets, methods=ALL_METHODS,
-                               tau_res=tau, beta=beta, reference=reference)
+                               tau_res=tau, beta=beta, eps=eps, reference=reference)
     if diag is not None:
         for d in diag.methods.values():
             if d.n_informative:
