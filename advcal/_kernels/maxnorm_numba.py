@@ -2,9 +2,10 @@
 
 Kernels trust their inputs (``advcal.resolution`` validated them), loop over groups and
 write only their own group's slice, so results do not depend on the thread count (and the
-serial and prange copies agree bit for bit: see FASTMATH).  All
-arithmetic is float64 whatever the reward dtype.  See ``maxnorm_numpy`` for the meaning
-of the shared arguments and outputs.
+serial and prange copies agree bit for bit: see FASTMATH).  All arithmetic is float64
+whatever the reward dtype.  Groups are read through views (``x[lo:hi]`` with
+``range(g.size)``), so numba knows the indices are in bounds.  See ``maxnorm_numpy`` for
+the meaning of the shared arguments and outputs.
 
 ``maxnorm`` reads each group twice and writes it once: the first pass finds the group
 mean and the extreme binned rewards, which give ``max |u|`` directly (u is an increasing
