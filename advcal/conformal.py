@@ -44,7 +44,8 @@ def _rank(m: int, alpha: float) -> int:
     target = (m + 1) * (1 - Fraction(alpha))
     nearest = round(target)
     if abs(target - nearest) <= _SNAP:
-        return int(nearest)
+        # max: a target within 1e-9 of 0 (alpha within 1e-9 / (m+1) of 1) is rank 1.
+        return max(1, int(nearest))
     return math.ceil(target)
 
 

@@ -46,6 +46,12 @@ def test_float_traps():
     assert conformal_quantile(scores, 1 - 0.68) == 51.0
 
 
+def test_rank_is_at_least_one():
+    # (m + 1)(1 - alpha) = 2e-10 snaps to 0; the rank is still the smallest score.
+    assert conformal_rank(1, 1 - 1e-10) == 1
+    assert conformal_quantile([0.4, 0.2], 1 - 1e-11) == 0.2
+
+
 def test_infinite_quantile_when_the_rank_exceeds_m():
     assert conformal_rank(9, 0.05) == 10
     assert conformal_quantile(np.arange(9.0), 0.05) == math.inf
@@ -404,3 +410,11 @@ def test_calibrate_ranges_garbage_input(method, judge, reference, extra, categor
         lo, hi = out
         assert not (np.isnan(lo).any() or np.isnan(hi).any())
         assert (lo <= hi).all()
+
+
+@given(m=st.one_of(st.integers(-5, 10**12), garbage_arrays()),
+       alpha=st.one_of(st.floats(), garbage_arrays()))
+def test_rank_garbage_input(m, alpha):
+    out = own_error_or_result(conformal_rank, m, alpha)
+    if out is not None:
+        assert isinstance(out, int) and 1 <= out <= m + 1

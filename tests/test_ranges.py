@@ -398,3 +398,11 @@ def test_garbage_input(lo, hi, offsets, relation):
     if out is not None:
         assert out.dtype in (np.float32, np.float64)
         assert np.isfinite(out).all()
+
+
+@given(lo=garbage_arrays(), hi=garbage_arrays(), group_ids=garbage_arrays(),
+       backend=st.sampled_from(["numba", "numpy"]))
+def test_garbage_input_with_group_ids(lo, hi, group_ids, backend):
+    out = own_error_or_result(range_advantages, lo, hi, group_ids=group_ids, backend=backend)
+    if out is not None:
+        assert np.isfinite(out).all()
