@@ -15,10 +15,11 @@ affine map of the binned reward), so the second pass can write ``w = u / s`` at 
 from __future__ import annotations
 
 import math
-import types
 
 import numpy as np
 from numba import njit, prange
+
+from advcal._kernels.modes import compile_pair
 
 # Below this many rewards a thread launch costs more than it saves.
 PARALLEL_MIN_SIZE = 1 << 16
@@ -30,20 +31,6 @@ PARALLEL_MIN_SIZE = 1 << 16
 # an FMA, or bins would land off the decimal grid the numpy reference hits
 # (lo + k / 100 is the double nearest the decimal; lo + 0.01 * k is not).
 FASTMATH = frozenset({"nsz"})
-
-
-def compile_pair(loop):
-    """``modes.compile_pair`` with this module's fast-math flags: serial and prange copies."""
-    def renamed(suffix):
-        fn = types.FunctionType(loop.__code__, loop.__globals__, loop.__name__ + suffix,
-                                loop.__defaults__, loop.__closure__)
-        fn.__qualname__ = loop.__qualname__ + suffix
-        return fn
-
-    flags = set(FASTMATH)
-    return (njit(cache=True, error_model="numpy", fastmath=flags)(renamed("_serial")),
-            njit(cache=True, error_model="numpy", fastmath=flags, parallel=True)(
-                renamed("_parallel")))
 
 
 @njit(cache=True)
@@ -240,8 +227,8 @@ def _maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delt
                inv_delta, kmax, omit_nan)
 
 
-_resolve_serial, _resolve_parallel = compile_pair(_resolve)
-_maxnorm_serial, _maxnorm_parallel = compile_pair(_maxnorm)
+_resolve_serial, _resolve_parallel = compile_pair(_resolve, FASTMATH)
+_maxnorm_serial, _maxnorm_parallel = compile_pair(_maxnorm, FASTMATH)
 
 
 def resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan):
