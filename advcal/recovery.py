@@ -24,9 +24,15 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from advcal._kernels.recovery_numpy import GRAM_RTOL, NOT_FINITE, NOT_PSD, NOT_SYMMETRIC
+from advcal._kernels.recovery_numpy import (
+    GRAM_RTOL,
+    NOT_FINITE,
+    NOT_PSD,
+    NOT_SYMMETRIC,
+    OVERFLOW,
+)
 from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
-from advcal.sets import CoefficientSets, block_offsets
+from advcal.sets import CoefficientSets, block_offsets, size_classes
 
 __all__ = ["Recovery", "recover"]
 
@@ -91,7 +97,9 @@ def check_sets(sets: Any) -> CoefficientSets:
 
 
 def gram_blocks(sets: CoefficientSets, gram: Any) -> np.ndarray:
-    """Validate the layout of ``gram`` against ``sets``; return flat float64 blocks."""
+    """Validate the layout of ``gram`` against ``sets``; return flat float64 blocks, each
+    divided by its largest diagonal entry (recovery is invariant to a positive scale of K,
+    and unit scale keeps 1e±300 inputs from overflowing or underflowing)."""
     arr = as_float_array(gram, "gram")
     sizes = sets.batch.sizes
     if sets.batch.shape is not None:
@@ -102,7 +110,22 @@ def gram_blocks(sets: CoefficientSets, gram: Any) -> np.ndarray:
     if arr.shape != expected:
         layout = "(B, G, G)" if len(expected) == 3 else "flat row-major n_q x n_q blocks"
         raise ValueError(f"`gram` must have shape {expected} ({layout}); got {arr.shape}.")
-    return np.ascontiguousarray(arr, dtype=np.float64).reshape(-1)
+    flat = np.array(arr, dtype=np.float64).reshape(-1)
+    boffsets = block_offsets(sizes)
+    for n, idx in size_classes(sizes):
+        if n == 0:
+            continue
+        if idx.size == sizes.size:  # one size (dense): a reshaped view, no gather
+            blocks = flat.reshape(idx.size, n * n)
+        else:
+            positions = boffsets[idx][:, None] + np.arange(n * n)
+            blocks = flat[positions]
+        with np.errstate(invalid="ignore"):
+            top = blocks[:, :: n + 1].max(axis=1)
+        blocks /= np.where(np.isfinite(top) & (top > 0), top, 1.0)[:, None]
+        if idx.size != sizes.size:
+            flat[positions] = blocks
+    return flat
 
 
 def run_recovery(sets: CoefficientSets, gram_flat: np.ndarray, taus: np.ndarray,
@@ -129,7 +152,9 @@ def run_recovery(sets: CoefficientSets, gram_flat: np.ndarray, taus: np.ndarray,
         what = {NOT_SYMMETRIC: f"is not symmetric (tolerance {GRAM_RTOL:g} x max diagonal)",
                 NOT_PSD: f"is not positive semidefinite (tolerance {GRAM_RTOL:g} x max "
                          "diagonal)",
-                NOT_FINITE: "contains NaN or inf"}[int(status[q])]
+                NOT_FINITE: "contains NaN or inf",
+                OVERFLOW: "with the group's coefficient set overflows float64 (are the rewards "
+                          "of this group constant with eps=0?)"}[int(status[q])]
         raise ValueError(f"`gram` block of group {q} {what}.")
     if infinite:
         # E is all of c + (centered subspace) ∋ 0, so the anchor's update is 0: reject all.

@@ -269,3 +269,28 @@ def test_psd_within_tolerance_is_accepted() -> None:
 def test_reference_coefficients_are_grpo() -> None:
     sets, gram = problem(2, 5, n_groups=4)
     np.testing.assert_allclose(sets.centers, grpo(sets.batch.values.reshape(4, 5)))
+
+
+@pytest.mark.parametrize("factor", [1e-300, 1e-8, 1e8, 1e300])
+def test_gram_scale_does_not_matter(factor: float) -> None:
+    # M_full and the reversal sign are invariant to K -> cK (c > 0); extreme scales must
+    # neither overflow nor underflow (each block is normalized by its largest diagonal).
+    sets, gram = problem(3, 6, n_groups=12)
+    base = recover(sets, gram, tau=0.2)
+    scaled = recover(sets, gram * factor, tau=0.2)
+    np.testing.assert_array_equal(scaled.accepted, base.accepted)
+    np.testing.assert_allclose(scaled.eta, base.eta, atol=1e-9)
+
+
+def test_degenerate_batches() -> None:
+    cal = calibration(4)
+    empty = recover(coefficient_sets(np.zeros((0, 4)), calibration=cal), np.zeros((0, 4, 4)),
+                    tau=0.1)
+    assert empty.coefficients.shape == (0, 4) and empty.eta.shape == (0,)
+    lone = recover(coefficient_sets(np.ones((3, 1)), calibration=cal), np.ones((3, 1, 1)),
+                   tau=0.1)
+    assert not lone.accepted.any()
+    flat = recover(coefficient_sets(np.full((2, 4), 0.3), calibration=cal),
+                   gram_matrices(2, 4, seed=0).gram, tau=0.0)
+    assert not flat.accepted.any()  # zero-variance groups: GRPO's own update is 0
+    np.testing.assert_array_equal(flat.coefficients, 0.0)

@@ -24,6 +24,7 @@ from advcal._kernels.recovery_numpy import (
     NOT_PSD,
     NOT_SYMMETRIC,
     OK,
+    OVERFLOW,
     ZERO_CENTER_RTOL,
     ZERO_UPDATE_RTOL,
 )
@@ -211,7 +212,7 @@ def _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace):
         return
     mu_lo = 1e-13 * trace / n + 1e-300
     ok = _tri_solve(diag, off, n, mu_lo, rhs, y, w, lo, ld)
-    while not ok:
+    while not ok and mu_lo < 1e300:  # rounding made T slightly indefinite: shift more
         mu_lo *= 10.0
         ok = _tri_solve(diag, off, n, mu_lo, rhs, y, w, lo, ld)
     ynorm = math.sqrt(_dot(y, y, n))
@@ -393,6 +394,9 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference)
                     hmat[j, i] = sym
                 trace += hmat[i, i]
             _matvec(root, base, n, kc, g)
+            if not (math.isfinite(trace) and math.isfinite(_dot(g, g, n))):
+                status[q] = OVERFLOW
+                continue
             for i in range(n):
                 rhs[i] = -g[i]
             _tridiagonalize(hmat, n, vs, diag, off, ka0)

@@ -17,6 +17,7 @@ OK = 0
 NOT_SYMMETRIC = 1
 NOT_PSD = 2
 NOT_FINITE = 3
+OVERFLOW = 4  # R K R overflows float64 (huge sets)
 GRAM_RTOL = 1e-8  # symmetry and PSD tolerance, relative to max diag(K)
 ZERO_UPDATE_RTOL = 1e-12  # ‖U(a0)‖² ≤ this × ‖U(c)‖²: no safe direction
 ZERO_CENTER_RTOL = 1e-14  # cᵀKc ≤ this × max diag(K) × ‖c‖²: GRPO's own update vanishes
@@ -136,6 +137,11 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference)
         ckc = float(c @ k @ c)
         cc = float(c @ c)
         if cc == 0.0 or not ckc > ZERO_CENTER_RTOL * scale * cc:
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            h = r @ k @ r
+        if not np.isfinite(h).all():
+            status[q] = OVERFLOW
             continue
         a0 = _anchor(c, r, k, rho)
         anchors[lo:hi] = a0
