@@ -283,11 +283,17 @@ def _check_estimator(estimator: Any) -> str:
 
 
 def _check_options(options: Any) -> dict[str, Any]:
+    """Scalar estimator keywords only: a calibration's options are reused on every training
+    batch, so per-response inputs (opo's lengths, token counts) cannot live in them."""
     if options is None:
         return {}
     if not isinstance(options, Mapping):
         raise TypeError(f"`options` must be a mapping of estimator keywords; "
                         f"got {type(options).__name__}.")
+    for key, value in options.items():
+        if np.ndim(value) > 0 and not (key == "bounds" and np.shape(value) == (2,)):
+            raise ValueError(f"`options` values must be scalars (per-response estimator "
+                             f"inputs are not supported); got an array for {key!r}.")
     return dict(options)
 
 

@@ -340,3 +340,45 @@ def test_bad_input_messages() -> None:
     original = a.copy()
     calibrate_sets(a, a + 1e-3, alpha=0.5)
     np.testing.assert_array_equal(a, original)
+
+
+def _conditional_tolerance(p: float, m: int, n_test: int, z: float = 3.5) -> float:
+    """Coverage on n_test groups given one calibration of m groups: Beta spread of the
+    calibration plus the binomial spread of the test set."""
+    return z * math.sqrt(p * (1 - p) * (1 / m + 1 / n_test))
+
+
+def test_diagonal_noise_shrinks_sets_for_heteroscedastic_graders() -> None:
+    cal_pair = paired_scorings(2000, 8, noise="heteroscedastic", scale=0.01,
+                               heteroscedasticity=1.0, seed=1)
+    test = paired_scorings(5000, 8, noise="heteroscedastic", scale=0.01,
+                           heteroscedasticity=1.0, seed=2)
+    iso = coefficient_sets(test.a, calibration=calibrate_sets(cal_pair.a, cal_pair.b,
+                                                               alpha=0.1))
+    diag_cal = calibrate_sets(cal_pair.a, cal_pair.b, alpha=0.1, noise="diagonal",
+                              noise_var=cal_pair.noise_var)
+    diag = coefficient_sets(test.a, calibration=diag_cal, noise_var=test.noise_var)
+    for sets in (iso, diag):
+        cover = sets.contains(grpo(test.b)).mean()
+        assert abs(cover - 0.9) <= _conditional_tolerance(0.9, 2000, 5000)
+    assert diag.log_volumes().mean() < iso.log_volumes().mean() - 1.0
+    with pytest.raises(ValueError, match="`noise_var` .* is required: the calibration"):
+        coefficient_sets(test.a, calibration=diag_cal)
+
+
+@pytest.mark.parametrize("estimator,options", [("rloo", None), ("dr_grpo", None),
+                                               ("maxnorm", {"tau_res": 0.05})])
+def test_other_estimators_cover(estimator: str, options) -> None:
+    cal_pair = paired_scorings(2000, 8, scale=0.02, seed=3)
+    test = paired_scorings(5000, 8, scale=0.02, seed=4)
+    cal = calibrate_sets(cal_pair.a, cal_pair.b, alpha=0.1, estimator=estimator,
+                         options=options)
+    sets = coefficient_sets(test.a, calibration=cal)
+    cover = sets.contains(advantages(test.b, method=estimator, **(options or {}))).mean()
+    assert abs(cover - 0.9) <= _conditional_tolerance(0.9, 2000, 5000)
+
+
+def test_options_must_be_scalars() -> None:
+    a = np.arange(8.0).reshape(2, 4)
+    with pytest.raises(ValueError, match="`options` values must be scalars"):
+        calibrate_sets(a, a, alpha=0.5, estimator="opo", options={"lengths": np.ones((2, 4))})
