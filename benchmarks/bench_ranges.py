@@ -64,6 +64,19 @@ def cases(quick: bool) -> list[Case]:
             baseline="numpy O(n^2) reference",
         ),
     ]
+    sizes = rng.integers(2, 2 * width - 1, n_groups)  # ragged, mean ~64: the padded sort
+    ragged_offsets = advcal.offsets_from_sizes(sizes)
+    ragged_lo, ragged_hi = (v.reshape(-1) for v in _ranges(rng, 1, int(sizes.sum())))
+    out.append(Case(
+        f"range_advantages dominance, ragged {n_groups} groups of 2..{2 * width - 2}",
+        {
+            "numpy O(n^2) reference": lambda: advcal.range_advantages(
+                ragged_lo, ragged_hi, ragged_offsets, backend="numpy"),
+            "advcal (numba), public call": lambda: advcal.range_advantages(
+                ragged_lo, ragged_hi, ragged_offsets),
+        },
+        baseline="numpy O(n^2) reference",
+    ))
     grid = 200
     k = rng.integers(0, 50, grid)
     n = k + rng.integers(0, 500, grid)

@@ -24,11 +24,13 @@ from numba import njit, prange
 
 from advcal._kernels.modes import compile_pair
 
-# Threads only above this many responses (as in point_numba).  Measured at 2**18
-# responses on the 2-core test machine: the threaded dominance kernel 2.3x faster than
-# the serial one when the cores were free, but 2-3x slower while other jobs kept both
-# cores busy (OpenMP workers waiting for a core).
-PARALLEL_MIN_SIZE = 1 << 16
+# Threads only above this many responses.  Measured at 2**18 responses on the shared
+# 2-core test machine: the threaded dominance kernel was 2.3x faster than the serial one
+# while the cores were free, but 2-3x slower (and the padding pass 50x slower) while
+# other jobs kept both cores busy, OpenMP workers waiting for a core.  These passes are
+# light (O(n log n) per group), so threads only pay for batches far beyond a training
+# step's; `test_kernel_matches_reference_on_large_batches_any_thread_count` runs them.
+PARALLEL_MIN_SIZE = 1 << 22
 
 
 def _sort_groups(x, offsets, out):
