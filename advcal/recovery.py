@@ -111,21 +111,29 @@ def gram_blocks(sets: CoefficientSets, gram: Any) -> np.ndarray:
         layout = "(B, G, G)" if len(expected) == 3 else "flat row-major n_q x n_q blocks"
         raise ValueError(f"`gram` must have shape {expected} ({layout}); got {arr.shape}.")
     flat = np.array(arr, dtype=np.float64).reshape(-1)
+    if sets.batch.shape is not None:
+        n = sets.batch.shape[1]
+        if n:
+            _normalize_blocks(flat.reshape(-1, n * n), n)  # a view: one pass, no gather
+        return flat
     boffsets = block_offsets(sizes)
     for n, idx in size_classes(sizes):
         if n == 0:
             continue
-        if idx.size == sizes.size:  # one size (dense): a reshaped view, no gather
-            blocks = flat.reshape(idx.size, n * n)
-        else:
-            positions = boffsets[idx][:, None] + np.arange(n * n)
-            blocks = flat[positions]
-        with np.errstate(invalid="ignore"):
-            top = blocks[:, :: n + 1].max(axis=1)
-        blocks /= np.where(np.isfinite(top) & (top > 0), top, 1.0)[:, None]
-        if idx.size != sizes.size:
-            flat[positions] = blocks
+        positions = boffsets[idx][:, None] + np.arange(n * n)
+        blocks = flat[positions]
+        _normalize_blocks(blocks, n)
+        flat[positions] = blocks
     return flat
+
+
+def _normalize_blocks(blocks: np.ndarray, n: int) -> None:
+    """Divide each row (a flattened n x n block) by its largest diagonal entry, in place."""
+    if blocks.size == 0:
+        return
+    with np.errstate(invalid="ignore"):
+        top = blocks[:, :: n + 1].max(axis=1)
+    blocks /= np.where(np.isfinite(top) & (top > 0), top, 1.0)[:, None]
 
 
 def run_recovery(sets: CoefficientSets, gram_flat: np.ndarray, taus: np.ndarray,

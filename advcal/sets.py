@@ -85,13 +85,19 @@ def block_offsets(sizes: np.ndarray) -> np.ndarray:
     return out
 
 
+# Groups per batched numpy step: bounds the (chunk, n, n) temporaries of the dense paths.
+CLASS_CHUNK = 1 << 16
+
+
 def size_classes(sizes: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-    """(n, indices of the groups of size n) for each distinct group size."""
+    """(n, indices of up to CLASS_CHUNK groups of size n) covering every group once."""
     if sizes.size and (sizes == sizes[0]).all():
-        yield int(sizes[0]), np.arange(sizes.size)
-        return
-    for n in np.unique(sizes):
-        yield int(n), np.flatnonzero(sizes == n)
+        classes = [(int(sizes[0]), np.arange(sizes.size))]
+    else:
+        classes = [(int(n), np.flatnonzero(sizes == n)) for n in np.unique(sizes)]
+    for n, idx in classes:
+        for start in range(0, idx.size, CLASS_CHUNK):
+            yield n, idx[start:start + CLASS_CHUNK]
 
 
 def gather_rows(flat: np.ndarray, offsets: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
