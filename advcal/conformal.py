@@ -222,7 +222,7 @@ class RangeCalibration:
         with np.errstate(invalid="ignore"):  # inf radius times sigma is fine: clipped
             lo = np.clip(lo, *self.bounds)
             hi = np.clip(hi, *self.bounds)
-        return RewardRanges(*_outward_cast(lo, hi, inputs.dtype, self.bounds))
+        return RewardRanges(*_outward_cast(lo, hi, inputs.dtype))
 
     def _radius_per_response(self, categories: ArrayLike | None,
                              shape: tuple[int, ...]) -> np.ndarray | float:
@@ -336,8 +336,9 @@ def _category_codes(categories: Any, shape: tuple[int, ...]) -> tuple[list[Any],
     return list(seen), codes
 
 
-def _outward_cast(lo: np.ndarray, hi: np.ndarray, dtype: np.dtype,
-                  bounds: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+def _outward_cast(lo: np.ndarray, hi: np.ndarray,
+                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Cast to ``dtype`` rounding ``lo`` down and ``hi`` up (at most one ulp outward)."""
     if dtype == np.float64:
         return lo, hi
     lo32 = lo.astype(dtype)
