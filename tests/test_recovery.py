@@ -340,3 +340,16 @@ def test_garbage_input_raises_only_advcal_errors(rewards, other, gram, tau) -> N
         values = out.coefficients if hasattr(out, "coefficients") else out
         if isinstance(values, np.ndarray) and values.dtype.kind == "f":
             assert not np.isnan(values).any()
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_identical_scorings_give_full_recovery(backend: str) -> None:
+    # A noiseless grader calibrates ρ = 0: E = {c}, a0 = c, M_full ≡ 1, so η* = 1 for τ < 1.
+    pair = paired_scorings(100, 6, seed=0)
+    cal = calibrate_sets(pair.a, pair.a, alpha=0.1)
+    assert cal.rho == 0.0
+    sets = coefficient_sets(pair.a[:5], calibration=cal)
+    rec = recover(sets, gram_matrices(5, 6, seed=1).gram, tau=0.9, backend=backend)
+    assert rec.accepted.all() and (rec.eta == 1.0).all()
+    np.testing.assert_allclose(rec.coefficients, sets.centers, atol=1e-12)
+    np.testing.assert_allclose(rec.m_full, 1.0, atol=1e-12)

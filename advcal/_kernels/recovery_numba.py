@@ -206,7 +206,7 @@ def _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace):
     left of the root) with a bisection safeguard on a bracket.
     """
     gnorm = math.sqrt(_dot(rhs, rhs, n))
-    if gnorm == 0.0:
+    if gnorm == 0.0 or rho == 0.0:  # E = {c} when ρ = 0
         for i in range(n):
             y[i] = 0.0
         return

@@ -38,6 +38,8 @@ def _gram_status(k: np.ndarray) -> tuple[int, float]:
 def _anchor(c: np.ndarray, r: np.ndarray, k: np.ndarray, rho: float) -> np.ndarray:
     from scipy.optimize import brentq
 
+    if rho == 0.0:
+        return c.copy()  # E = {c}
     h, v = np.linalg.eigh(r @ k @ r)
     g = r @ k @ c
     gamma = v.T @ g
