@@ -200,16 +200,18 @@ def _tri_solve(diag, off, n, mu, rhs, y, w, lo, ld):
 
 @njit(cache=True, fastmath=_FASTMATH)
 def _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace):
-    """y = −(T + μI)⁻¹ g̃ with ‖y‖ = ρ (μ > 0), or the μ→0 solution if it lies inside.
+    """y = −(T + μI)⁻¹ g̃ with ‖y‖ = ρ (μ > 0); True instead if the solution lies inside.
 
     ``rhs`` holds −g̃.  Newton on 1/‖y(μ)‖ − 1/ρ (concave, so iterates from the left stay
-    left of the root) with a bisection safeguard on a bracket.
+    left of the root) with a bisection safeguard on a bracket.  "Inside" means
+    ‖y(μ)‖ ≤ ρ already for a rounding-level μ: the unconstrained minimum is feasible, the
+    anchor's update is zero, and the caller computes the minimum-norm z itself.
     """
     gnorm = math.sqrt(_dot(rhs, rhs, n))
     if gnorm == 0.0 or rho == 0.0:  # E = {c} when ρ = 0
         for i in range(n):
             y[i] = 0.0
-        return
+        return False
     mu_lo = 1e-13 * trace / n + 1e-300
     ok = _tri_solve(diag, off, n, mu_lo, rhs, y, w, lo, ld)
     while not ok and mu_lo < 1e300:  # rounding made T slightly indefinite: shift more
@@ -217,7 +219,7 @@ def _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace):
         ok = _tri_solve(diag, off, n, mu_lo, rhs, y, w, lo, ld)
     ynorm = math.sqrt(_dot(y, y, n))
     if ynorm <= rho:
-        return  # interior: the anchor's update is (numerically) zero
+        return True
     mu_hi = gnorm / rho
     mu = mu_lo
     for _ in range(100):
@@ -235,6 +237,32 @@ def _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace):
             mu_hi = mu
         if abs(ynorm - rho) <= 1e-12 * rho or mu_hi - mu_lo <= 1e-15 * mu_hi:
             break
+    return False
+
+
+@njit(cache=True, fastmath=_FASTMATH)
+def _min_norm_solution(kmat, rmat, kr, hmat, g, n, z):
+    """z = −H⁺g (H = RKR rebuilt; eigenvalues below 1e-12·max are null): the anchor's
+    minimum-norm z when the unconstrained minimum lies inside the ball (a rejected group)."""
+    np.dot(kmat, rmat, kr)
+    np.dot(rmat, kr, hmat)
+    for i in range(n):
+        for j in range(i + 1, n):
+            sym = 0.5 * (hmat[i, j] + hmat[j, i])
+            hmat[i, j] = sym
+            hmat[j, i] = sym
+    evals, evecs = np.linalg.eigh(hmat)
+    cutoff = 1e-12 * max(evals[n - 1], 0.0)
+    for i in range(n):
+        z[i] = 0.0
+    for j in range(n):
+        if evals[j] > cutoff:
+            proj = 0.0
+            for i in range(n):
+                proj += evecs[i, j] * g[i]
+            coef = -proj / evals[j]
+            for i in range(n):
+                z[i] += coef * evecs[i, j]
 
 
 @njit(cache=True, inline="always")
@@ -401,8 +429,10 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference)
                 rhs[i] = -g[i]
             _tridiagonalize(hmat, n, vs, diag, off, ka0)
             _apply_reflectors(vs, n, rhs, True)
-            _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace)
-            _apply_reflectors(vs, n, y, False)
+            if _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace):
+                _min_norm_solution(kmat, rmat, kr, hmat, g, n, y)
+            else:
+                _apply_reflectors(vs, n, y, False)
             _matvec(root, base, n, y, a0)
             for i in range(n):
                 a0[i] += c[i]
