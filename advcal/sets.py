@@ -420,11 +420,15 @@ class _Geometry:
         for n, idx in size_classes(sizes):
             if n == 0:
                 continue
-            uh = gather_rows(u_hat, self.offsets, idx, n)
-            outer = uh[:, :, None] * uh[:, None, :]
-            center = np.eye(n) - 1.0 / n
-            blocks = tan[idx][:, None, None] * (center - outer) + rad[idx][:, None, None] * outer
-            scatter_blocks(out, boffsets, idx, n, blocks)
+            dense = idx.size == sizes.size
+            uh = (u_hat.reshape(-1, n) if dense else gather_rows(u_hat, self.offsets, idx, n))
+            # tan·(C − ûûᵀ) + rad·ûûᵀ = tan·C + (rad − tan)·ûûᵀ, built in place.
+            blocks = out.reshape(-1, n, n) if dense else np.empty((idx.size, n, n))
+            np.multiply(uh[:, :, None], uh[:, None, :], out=blocks)
+            blocks *= (rad[idx] - tan[idx])[:, None, None]
+            blocks += tan[idx][:, None, None] * (np.eye(n) - 1.0 / n)
+            if not dense:
+                scatter_blocks(out, boffsets, idx, n, blocks)
         return out
 
     def quad_pinv(self, delta: np.ndarray) -> np.ndarray:
