@@ -352,3 +352,26 @@ def test_identical_scorings_give_full_recovery(backend: str) -> None:
     assert rec.accepted.all() and (rec.eta == 1.0).all()
     np.testing.assert_allclose(rec.coefficients, sets.centers, atol=1e-12)
     np.testing.assert_allclose(rec.m_full, 1.0, atol=1e-12)
+
+
+def test_group_ids_layout_matches_dense() -> None:
+    # Per-response labels in any order: coefficients come back in the caller's order, and
+    # `gram` holds the groups' blocks in order of first appearance, rows in caller order.
+    sets, gram = problem(7, 4, n_groups=5)
+    dense = recover(sets, gram, tau=0.1)
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(20)
+    labels = np.repeat(np.array(list("abcde")), 4)[perm]
+    rewards = sets.batch.values[perm]
+    by_ids = coefficient_sets(rewards, group_ids=labels, calibration=sets.calibration)
+    first = [labels.tolist().index(x) for x in dict.fromkeys(labels.tolist())]
+    group_of = [ord(labels[i]) - ord("a") for i in first]
+    blocks = []
+    for g in group_of:
+        members = np.flatnonzero(labels == "abcde"[g])  # caller order within the group
+        within = perm[members] - 4 * g  # each member's row in the dense group
+        blocks.append(gram[g][np.ix_(within, within)].reshape(-1))
+    rec = recover(by_ids, np.concatenate(blocks), tau=0.1)
+    np.testing.assert_allclose(rec.coefficients, dense.coefficients.reshape(-1)[perm],
+                               atol=1e-12)
+    np.testing.assert_array_equal(rec.accepted, dense.accepted[group_of])

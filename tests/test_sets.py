@@ -382,3 +382,31 @@ def test_options_must_be_scalars() -> None:
     a = np.arange(8.0).reshape(2, 4)
     with pytest.raises(ValueError, match="`options` values must be scalars"):
         calibrate_sets(a, a, alpha=0.5, estimator="opo", options={"lengths": np.ones((2, 4))})
+
+
+@given(sizes=st.lists(st.integers(0, 9), max_size=8), seed=seeds,
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_ragged_jacobian_and_sets_match_per_group_dense(sizes: list[int], seed: int,
+                                                        dtype: type) -> None:
+    rng = np.random.default_rng(seed)
+    sizes_arr = np.array(sizes, dtype=np.int64)
+    offsets = offsets_from_sizes(sizes_arr)
+    rewards = rng.uniform(size=int(sizes_arr.sum())).astype(dtype)
+    jac = coefficient_jacobian(rewards, offsets)
+    cal = calibrate_sets(*paired_scorings(200, 3, scale=0.03, seed=seed).scores[:2],
+                         alpha=0.2)
+    sets = coefficient_sets(rewards, offsets, calibration=cal)
+    shapes = sets.shapes
+    assert sets.centers.dtype == dtype
+    start = 0
+    for q, n in enumerate(sizes):
+        block = slice(start, start + n * n)
+        group = rewards[offsets[q]:offsets[q + 1]][None]
+        if n:
+            np.testing.assert_allclose(jac[block].reshape(n, n),
+                                       coefficient_jacobian(group)[0], rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(shapes[block].reshape(n, n),
+                                       coefficient_sets(group, calibration=cal).shapes[0],
+                                       rtol=1e-12, atol=1e-300)
+        start += n * n
+    assert sets.contains(sets.centers).all()
