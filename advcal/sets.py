@@ -100,19 +100,36 @@ def size_classes(sizes: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
             yield n, idx[start:start + CLASS_CHUNK]
 
 
+def _run(idx: np.ndarray) -> bool:
+    """Whether ``idx`` is a run of consecutive groups (then their values are contiguous)."""
+    return bool(idx.size) and int(idx[-1]) - int(idx[0]) + 1 == idx.size
+
+
 def gather_rows(flat: np.ndarray, offsets: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
-    """The groups ``idx`` (all of size n) of a flat grouped array as an (len(idx), n) array."""
+    """The groups ``idx`` (all of size n) of a flat grouped array as an (len(idx), n) array
+    (a view when they are consecutive)."""
+    if _run(idx):
+        start = int(offsets[idx[0]])
+        return flat[start:start + idx.size * n].reshape(idx.size, n)
     return flat[offsets[idx][:, None] + np.arange(n)]
 
 
 def gather_blocks(blocks: np.ndarray, boffsets: np.ndarray, idx: np.ndarray, n: int
                   ) -> np.ndarray:
-    """The n × n blocks of the groups ``idx`` as an (len(idx), n, n) array."""
+    """The n × n blocks of the groups ``idx`` as an (len(idx), n, n) array (a view when
+    they are consecutive)."""
+    if _run(idx):
+        start = int(boffsets[idx[0]])
+        return blocks[start:start + idx.size * n * n].reshape(idx.size, n, n)
     return blocks[boffsets[idx][:, None] + np.arange(n * n)].reshape(-1, n, n)
 
 
 def scatter_blocks(out: np.ndarray, boffsets: np.ndarray, idx: np.ndarray, n: int,
                    values: np.ndarray) -> None:
+    if _run(idx):
+        start = int(boffsets[idx[0]])
+        out[start:start + idx.size * n * n] = values.reshape(-1)
+        return
     out[boffsets[idx][:, None] + np.arange(n * n)] = values.reshape(-1, n * n)
 
 
@@ -260,26 +277,37 @@ def _finite_difference_jacobian(values: np.ndarray, offsets: np.ndarray, estimat
     return out
 
 
-def _jacobian_flat(values: np.ndarray, offsets: np.ndarray, estimator: str, eps: float,
-                   ddof: int, options: Mapping[str, Any]) -> np.ndarray:
+def structured_blocks(u_hat: np.ndarray, offsets: np.ndarray, tan: np.ndarray,
+                      rad: np.ndarray) -> np.ndarray:
+    """Flat blocks tan_q·(C − ûûᵀ) + rad_q·ûûᵀ (shapes, their roots, GRPO Jacobians)."""
     sizes = np.diff(offsets)
-    if estimator == "maxnorm":
-        return _maxnorm_jacobian(values, offsets, options)
-    if estimator not in ANALYTIC:
-        return _finite_difference_jacobian(values, offsets, estimator, eps, ddof, options)
-    geo = _radial(values, offsets, estimator, eps, ddof)
     boffsets = block_offsets(sizes)
     out = np.zeros(int(boffsets[-1]))
     for n, idx in size_classes(sizes):
         if n == 0:
             continue
-        u_hat = gather_rows(geo.u_hat, offsets, idx, n)
-        center = np.eye(n) - 1.0 / n
-        outer = u_hat[:, :, None] * u_hat[:, None, :]
-        jt = geo.j_tan[idx][:, None, None]
-        jr = geo.j_rad[idx][:, None, None]
-        scatter_blocks(out, boffsets, idx, n, jt * (center - outer) + jr * outer)
+        run = _run(idx)
+        uh = gather_rows(u_hat, offsets, idx, n)
+        # tan·(C − ûûᵀ) + rad·ûûᵀ = tan·C + (rad − tan)·ûûᵀ, built in place.
+        blocks = gather_blocks(out, boffsets, idx, n) if run else np.empty((idx.size, n, n))
+        np.multiply(uh[:, :, None], uh[:, None, :], out=blocks)
+        t = tan[idx]
+        blocks *= (rad[idx] - t)[:, None, None]
+        blocks -= (t / n)[:, None, None]
+        blocks.reshape(-1, n * n)[:, :: n + 1] += t[:, None]
+        if not run:
+            scatter_blocks(out, boffsets, idx, n, blocks)
     return out
+
+
+def _jacobian_flat(values: np.ndarray, offsets: np.ndarray, estimator: str, eps: float,
+                   ddof: int, options: Mapping[str, Any]) -> np.ndarray:
+    if estimator == "maxnorm":
+        return _maxnorm_jacobian(values, offsets, options)
+    if estimator not in ANALYTIC:
+        return _finite_difference_jacobian(values, offsets, estimator, eps, ddof, options)
+    geo = _radial(values, offsets, estimator, eps, ddof)
+    return structured_blocks(geo.u_hat, offsets, geo.j_tan, geo.j_rad)
 
 
 def _check_estimator(estimator: Any) -> str:
@@ -413,23 +441,7 @@ class _Geometry:
         return out
 
     def _closed_form_blocks(self, tan: np.ndarray, rad: np.ndarray) -> np.ndarray:
-        sizes = self.sizes
-        boffsets = block_offsets(sizes)
-        out = np.zeros(int(boffsets[-1]))
-        u_hat = np.asarray(self.u_hat)
-        for n, idx in size_classes(sizes):
-            if n == 0:
-                continue
-            dense = idx.size == sizes.size
-            uh = (u_hat.reshape(-1, n) if dense else gather_rows(u_hat, self.offsets, idx, n))
-            # tan·(C − ûûᵀ) + rad·ûûᵀ = tan·C + (rad − tan)·ûûᵀ, built in place.
-            blocks = out.reshape(-1, n, n) if dense else np.empty((idx.size, n, n))
-            np.multiply(uh[:, :, None], uh[:, None, :], out=blocks)
-            blocks *= (rad[idx] - tan[idx])[:, None, None]
-            blocks += tan[idx][:, None, None] * (np.eye(n) - 1.0 / n)
-            if not dense:
-                scatter_blocks(out, boffsets, idx, n, blocks)
-        return out
+        return structured_blocks(np.asarray(self.u_hat), self.offsets, tan, rad)
 
     def quad_pinv(self, delta: np.ndarray) -> np.ndarray:
         """δᵀ S⁺ δ per group for centered δ (flat)."""
@@ -525,17 +537,21 @@ def _geometry(values: np.ndarray, offsets: np.ndarray, *, estimator: str, eps: f
             continue
         jq = gather_blocks(jac, boffsets, idx, n)
         vq = gather_rows(var_flat, offsets, idx, n)
-        s = (jq * vq[:, None, :]) @ jq.transpose(0, 2, 1)
+        scaled = jq * np.sqrt(vq)[:, None, :]
+        s = np.matmul(scaled, scaled.transpose(0, 2, 1))
+        s += s.transpose(0, 2, 1).copy()  # exact symmetry (the matmul may round unevenly)
+        s *= 0.5
         if j_tan is not None:
             tangential = vq.mean(axis=1) * j_tan[idx] ** 2
         else:
             tangential = np.trace(s, axis1=1, axis2=2) / max(n - 1, 1)
         uh = gather_rows(u_hat, offsets, idx, n)
         floor = FLOOR_RELATIVE * tangential + FLOOR_ABSOLUTE
-        center = np.eye(n) - 1.0 / n
-        s = s + (ridge * tangential)[:, None, None] * (uh[:, :, None] * uh[:, None, :])
-        s = s + floor[:, None, None] * center
-        s = 0.5 * (s + s.transpose(0, 2, 1))
+        np.multiply(uh[:, :, None], uh[:, None, :], out=scaled)
+        scaled *= (ridge * tangential)[:, None, None]
+        s += scaled
+        s -= (floor / n)[:, None, None]  # + floor·C = floor·(I − 11ᵀ/n)
+        s.reshape(-1, n * n)[:, :: n + 1] += floor[:, None]
         scatter_blocks(blocks, boffsets, idx, n, s)
     return _Geometry(centers, offsets, blocks=blocks)
 
