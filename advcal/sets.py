@@ -277,6 +277,12 @@ def _finite_difference_jacobian(values: np.ndarray, offsets: np.ndarray, estimat
     return out
 
 
+def _closed_form(estimator: str, options: Mapping[str, Any]) -> bool:
+    """GRPO, Dr.GRPO and RLOO have the two-eigenvalue Jacobian — except for singletons kept
+    raw (``singleton="raw"``), whose coefficient is not centered; those use differences."""
+    return estimator in ("grpo", "dr_grpo", "rloo") and options.get("singleton") != "raw"
+
+
 def structured_blocks(u_hat: np.ndarray, offsets: np.ndarray, tan: np.ndarray,
                       rad: np.ndarray) -> np.ndarray:
     """Flat blocks tan_q·(C − ûûᵀ) + rad_q·ûûᵀ (shapes, their roots, GRPO Jacobians)."""
@@ -304,7 +310,7 @@ def _jacobian_flat(values: np.ndarray, offsets: np.ndarray, estimator: str, eps:
                    ddof: int, options: Mapping[str, Any]) -> np.ndarray:
     if estimator == "maxnorm":
         return _maxnorm_jacobian(values, offsets, options)
-    if estimator not in ANALYTIC:
+    if not _closed_form(estimator, options):
         return _finite_difference_jacobian(values, offsets, estimator, eps, ddof, options)
     geo = _radial(values, offsets, estimator, eps, ddof)
     return structured_blocks(geo.u_hat, offsets, geo.j_tan, geo.j_rad)
@@ -515,7 +521,7 @@ def _geometry(values: np.ndarray, offsets: np.ndarray, *, estimator: str, eps: f
     if shape == "isotropic":
         ones = np.ones(n_groups)
         return _Geometry(centers, offsets, np.zeros(values.size), ones, ones)
-    if noise == "isotropic" and estimator in ("grpo", "dr_grpo", "rloo"):
+    if noise == "isotropic" and _closed_form(estimator, options):
         geo = _radial(values, offsets, estimator, eps, ddof)
         var = float(noise_var)
         tan = var * geo.j_tan ** 2

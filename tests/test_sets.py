@@ -410,3 +410,13 @@ def test_ragged_jacobian_and_sets_match_per_group_dense(sizes: list[int], seed: 
                                        rtol=1e-12, atol=1e-300)
         start += n * n
     assert sets.contains(sets.centers).all()
+
+
+def test_raw_singletons_use_finite_differences() -> None:
+    # verl keeps a lone response's raw score (divided by 1 + eps for grpo): slope 1/(1+eps).
+    r = np.array([0.3, 0.1, 0.7, 0.9])
+    offsets = offsets_from_sizes(np.array([1, 3]))
+    jac = coefficient_jacobian(r, offsets, eps=1e-2, options={"singleton": "raw"})
+    assert jac[0] == pytest.approx(1 / 1.01, rel=1e-6)
+    np.testing.assert_allclose(jac[1:].reshape(3, 3),
+                               coefficient_jacobian(r[None, 1:], eps=1e-2)[0], atol=1e-6)
