@@ -44,6 +44,9 @@ __all__ = [
 ]
 
 ANALYTIC = ("grpo", "dr_grpo", "rloo", "maxnorm")
+# Estimators whose coefficients sum to zero within a group: the sets live on the centered
+# subspace (passk, opo and reinforce_pp_baseline do not center per group).
+CENTERED = ("grpo", "dr_grpo", "rloo", "maxnorm", "batch_std", "gpg")
 SHAPES = ("joint", "isotropic")
 NOISES = ("isotropic", "diagonal")
 
@@ -556,7 +559,11 @@ def _geometry(values: np.ndarray, offsets: np.ndarray, *, estimator: str, eps: f
         np.multiply(uh[:, :, None], uh[:, None, :], out=scaled)
         scaled *= (ridge * tangential)[:, None, None]
         s += scaled
-        s -= (floor / n)[:, None, None]  # + floor·C = floor·(I − 11ᵀ/n)
+        # Project on the centered subspace (C S C; exact for raw singletons, whose J is not
+        # centered), then + floor·C = floor·(I − 11ᵀ/n).
+        row = s.mean(axis=2)
+        s -= row[:, :, None] + row[:, None, :] - row.mean(axis=1)[:, None, None]
+        s -= (floor / n)[:, None, None]
         s.reshape(-1, n * n)[:, :: n + 1] += floor[:, None]
         scatter_blocks(blocks, boffsets, idx, n, s)
     return _Geometry(centers, offsets, blocks=blocks)
@@ -615,6 +622,9 @@ def _calibrate_iv(scores_a: Any, scores_b: Any, offsets: Any, group_ids: Any, al
                   estimator: Any, shape: Any, noise: Any, noise_var: Any, ridge: Any, eps: Any,
                   ddof: Any, options: Any) -> tuple[Any, ...]:
     estimator = _check_estimator(estimator)
+    if estimator not in CENTERED:
+        raise ValueError(f"`estimator` must center coefficients within groups for sets "
+                         f"(one of {', '.join(repr(e) for e in CENTERED)}); got {estimator!r}.")
     check_choice(shape, "shape", SHAPES)
     check_choice(noise, "noise", NOISES)
     alpha = check_real(alpha, "alpha", low=0.0, high=1.0, low_inclusive=False,

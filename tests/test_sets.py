@@ -381,7 +381,7 @@ def test_other_estimators_cover(estimator: str, options) -> None:
 def test_options_must_be_scalars() -> None:
     a = np.arange(8.0).reshape(2, 4)
     with pytest.raises(ValueError, match="`options` values must be scalars"):
-        calibrate_sets(a, a, alpha=0.5, estimator="opo", options={"lengths": np.ones((2, 4))})
+        calibrate_sets(a, a, alpha=0.5, estimator="maxnorm", options={"tau_res": np.ones(4)})
 
 
 @given(sizes=st.lists(st.integers(0, 9), max_size=8), seed=seeds,
@@ -420,3 +420,19 @@ def test_raw_singletons_use_finite_differences() -> None:
     assert jac[0] == pytest.approx(1 / 1.01, rel=1e-6)
     np.testing.assert_allclose(jac[1:].reshape(3, 3),
                                coefficient_jacobian(r[None, 1:], eps=1e-2)[0], atol=1e-6)
+
+
+def test_sets_need_centered_estimators() -> None:
+    a = np.arange(8.0).reshape(2, 4)
+    with pytest.raises(ValueError, match="`estimator` must center coefficients within groups"):
+        calibrate_sets(a, a, alpha=0.5, estimator="passk")
+
+
+def test_raw_singleton_set_is_its_center() -> None:
+    pair = paired_scorings(200, 4, scale=0.03, seed=8)
+    cal = calibrate_sets(pair.a, pair.b, alpha=0.2, options={"singleton": "raw"})
+    sets = coefficient_sets(np.array([0.4, 0.1, 0.5, 0.9]), offsets_from_sizes([1, 3]),
+                            calibration=cal)
+    v = np.array([1.0, 0.0, 0.0, 0.0])
+    assert sets.support(v)[0] == pytest.approx(sets.centers[0])
+    assert sets.shapes[0] == pytest.approx(0.0, abs=1e-12)
