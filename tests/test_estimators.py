@@ -339,16 +339,14 @@ def test_parallel_kernel_is_bitwise_identical_for_any_thread_count():
             results.append(point_numba.center_scale(*args)[0])
     finally:
         numba.set_num_threads(previous)
-    serial = np.empty_like(x)
-    point_numba._center_scale(x, offsets, GRPO, 1e-6, 1, False, False, 1.0, np.inf, serial,
-                              np.empty(sizes.size), np.empty(sizes.size), False)
+    serial = point_numba.center_scale(*args, threaded=False)[0]
     for result in results:
         assert result.tobytes() == serial.tobytes()
 
 
 def test_kernels_are_cached_on_disk():
-    for name in ("_center_scale", "_statistics_serial", "_statistics_parallel",
-                 "_divisors_serial", "_write_parallel", "_opo_serial", "_passk_serial"):
+    for name in ("_statistics_serial", "_statistics_parallel", "_divisors_serial",
+                 "_write_parallel", "_write_omit_serial", "_opo_serial", "_passk_serial"):
         dispatcher = getattr(point_numba, name)
         assert dispatcher._cache.__class__.__name__ == "FunctionCache"
 

@@ -6,7 +6,7 @@ Statistics accumulate in float64 whatever the reward dtype.
 
 Every engine function returns ``(out, scale, check, ok)``: the advantages, the divisor
 of each group (NaN where the group gets zeros), a per-group magnitude (``center_scale``:
-the L2 norm of the group's advantages; ``opo``/``passk``: their largest |value|) and
+the squared L2 norm of the group's advantages; ``opo``/``passk``: their largest |value|) and
 ``ok``, false when some group held a non-finite reward or its magnitude exceeds
 ``limit`` (the output dtype's maximum).  A NaN or infinite reward makes its group's sum
 of squares non-finite, so finiteness is checked in O(B), without a pass over the rewards.
@@ -81,8 +81,21 @@ def _statistics(x, offsets, omit_nan, count, shift, mean, ss):
         count[q], shift[q], mean[q], ss[q] = _moments(x[offsets[q]:offsets[q + 1]], omit_nan)
 
 
-def _divisors(mode, eps, ddof, raw_singletons, divisor, limit, count, shift, mean, ss, scale):
-    """Per group: the divisor (NaN: advantages 0) and, in ``ss``, the advantages' L2 norm.
+@njit(cache=True, inline="always")
+def _divisor(mode, n, ss, eps, ddof, divisor):
+    if mode == GRPO:
+        return math.sqrt(ss / (n - ddof)) + eps
+    if mode == RLOO:
+        return (n - 1.0) / n
+    if mode == FIXED:
+        return divisor
+    return 1.0
+
+
+def _divisors(mode, eps, ddof, raw_singletons, divisor, limit, count, shift, mean, ss, scale,
+              factor):
+    """Per group: the divisor ``scale`` (NaN: advantages 0), the ``factor`` the writes
+    multiply by, and, in ``ss``, the squared L2 norm of the group's advantages.
 
     Returns the number of flagged groups: a non-finite reward (its sum of squares is
     NaN/inf) or advantages whose norm exceeds ``limit``, the output dtype's maximum.
@@ -93,51 +106,54 @@ def _divisors(mode, eps, ddof, raw_singletons, divisor, limit, count, shift, mea
         spread = ss[q]
         if spread - spread != 0.0:  # NaN or inf
             scale[q] = math.nan
+            factor[q] = 0.0
             n_bad += 1
             continue
-        if n >= 2 and spread > 0.0:
-            if mode == GRPO:
-                s = math.sqrt(spread / (n - ddof)) + eps
-            elif mode == RLOO:
-                s = (n - 1.0) / n
-            elif mode == FIXED:
-                s = divisor
+        if n >= 2:
+            s = _divisor(mode, n, spread, eps, ddof, divisor)
+            if spread > 0.0:
+                factor[q] = 1.0 / s
+                ss[q] = spread * factor[q] * factor[q]
             else:
-                s = 1.0
-            ss[q] = math.sqrt(spread) / s
+                # No spread: every deviation (g - shift) - mean is exactly +0, so a zero
+                # factor writes exact +0 without a branch in the write loop.
+                factor[q] = 0.0
         elif n == 1 and raw_singletons:
             # verl's convention for a lone response: mean 0 and std 1.
             s = 1.0 + eps if mode == GRPO else (divisor if mode == FIXED else 1.0)
-            ss[q] = abs(shift[q]) / s
+            factor[q] = 1.0 / s
+            ss[q] = (shift[q] * factor[q]) ** 2
             shift[q] = 0.0
             mean[q] = 0.0
-        else:  # no relative information (NaN), or no spread (exact zeros)
+        else:  # no relative information (and again deviations of exactly +0)
             s = math.nan
-            ss[q] = 0.0
+            factor[q] = 0.0
         scale[q] = s
-        if not ss[q] <= limit:
+        if not ss[q] <= limit * limit:  # squared: no square root per group
             n_bad += 1
     return n_bad
 
 
-def _write(x, offsets, omit_nan, shift, mean, scale, out):
+def _write(x, offsets, shift, mean, factor, out):
     for q in prange(offsets.size - 1):
         g = x[offsets[q]:offsets[q + 1]]
         o = out[offsets[q]:offsets[q + 1]]
-        s = scale[q]
-        if not s > 0.0:  # NaN: no relative information or no spread
-            for i in range(g.size):
-                o[i] = 0.0
-            continue
-        factor = 1.0 / s
         sh = shift[q]
         m = mean[q]
-        if omit_nan:
-            for i in range(g.size):
-                o[i] = 0.0 if math.isnan(g[i]) else ((g[i] - sh) - m) * factor
-        else:
-            for i in range(g.size):
-                o[i] = ((g[i] - sh) - m) * factor
+        f = factor[q]
+        for i in range(g.size):
+            o[i] = ((g[i] - sh) - m) * f
+
+
+def _write_omit(x, offsets, shift, mean, factor, out):
+    for q in prange(offsets.size - 1):
+        g = x[offsets[q]:offsets[q + 1]]
+        o = out[offsets[q]:offsets[q + 1]]
+        sh = shift[q]
+        m = mean[q]
+        f = factor[q]
+        for i in range(g.size):
+            o[i] = 0.0 if math.isnan(g[i]) else ((g[i] - sh) - m) * f
 
 
 def _opo(x, weights, offsets, raw_singletons, omit_nan, out, scale, amax):
@@ -227,29 +243,9 @@ def _passk(x, offsets, eps, ddof, raw_singletons, omit_nan, out, scale, amax):
 _statistics_serial, _statistics_parallel = compile_pair(_statistics)
 _divisors_serial, _divisors_parallel = compile_pair(_divisors)
 _write_serial, _write_parallel = compile_pair(_write)
+_write_omit_serial, _write_omit_parallel = compile_pair(_write_omit)
 _opo_serial, _opo_parallel = compile_pair(_opo)
 _passk_serial, _passk_parallel = compile_pair(_passk)
-
-
-@njit(cache=True)
-def _center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
-                  out, scale, norm, threaded):
-    """The three passes behind one call into numba (each call costs ~1 us of unboxing)."""
-    n_groups = offsets.size - 1
-    count = np.empty(n_groups)
-    shift = np.empty(n_groups)
-    mean = np.empty(n_groups)
-    if threaded:
-        _statistics_parallel(x, offsets, omit_nan, count, shift, mean, norm)
-        n_bad = _divisors_parallel(mode, eps, ddof, raw_singletons, divisor, limit, count,
-                                   shift, mean, norm, scale)
-        _write_parallel(x, offsets, omit_nan, shift, mean, scale, out)
-    else:
-        _statistics_serial(x, offsets, omit_nan, count, shift, mean, norm)
-        n_bad = _divisors_serial(mode, eps, ddof, raw_singletons, divisor, limit, count,
-                                 shift, mean, norm, scale)
-        _write_serial(x, offsets, omit_nan, shift, mean, scale, out)
-    return n_bad
 
 
 def _outputs(x, offsets):
@@ -257,10 +253,25 @@ def _outputs(x, offsets):
     return np.empty_like(x), np.empty(n_groups), np.empty(n_groups)
 
 
-def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit):
-    out, scale, norm = _outputs(x, offsets)
-    n_bad = _center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
-                          limit, out, scale, norm, x.size >= PARALLEL_MIN_SIZE)
+def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
+                 threaded=None):
+    """Three kernel calls from Python: measured faster than one numba driver calling the
+    same three kernels (LLVM then inlines them into one function and vectorizes worse)."""
+    n_groups = offsets.size - 1
+    out = np.empty_like(x)
+    count, shift, mean, norm, scale, factor = np.empty((6, n_groups))
+    if threaded is None:
+        threaded = x.size >= PARALLEL_MIN_SIZE
+    if threaded:
+        statistics, divisors = _statistics_parallel, _divisors_parallel
+        write = _write_omit_parallel if omit_nan else _write_parallel
+    else:
+        statistics, divisors = _statistics_serial, _divisors_serial
+        write = _write_omit_serial if omit_nan else _write_serial
+    statistics(x, offsets, omit_nan, count, shift, mean, norm)
+    n_bad = divisors(mode, eps, ddof, raw_singletons, divisor, limit, count, shift, mean, norm,
+                     scale, factor)
+    write(x, offsets, shift, mean, factor, out)
     return out, scale, norm, n_bad == 0
 
 

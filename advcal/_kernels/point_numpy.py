@@ -67,8 +67,8 @@ def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
             continue
         a = u / s
         out[sl][valid] = a
-        amax[q] = np.sqrt(np.sum(a * a))  # the group's L2 norm, as the numba engine reports
-    return out, scale, amax, bool((amax <= limit).all())
+        amax[q] = np.sum(a * a)  # the group's squared L2 norm, as the numba engine reports
+    return out, scale, amax, bool((amax <= limit * limit).all())
 
 
 @_quiet
