@@ -198,3 +198,49 @@ def as_batch(rewards: Any, offsets: Any, group_ids: Any, *, name: str = "rewards
             f"got {index.order.size}."
         )
     return Batch(np.ascontiguousarray(values[index.order]), index.offsets, order=index.order)
+
+
+def valid_counts(batch: Batch, omit_nan: bool) -> np.ndarray:
+    """Number of responses per group that enter the group statistics."""
+    if not omit_nan:
+        return batch.sizes
+    cum = np.concatenate(([0], np.cumsum(~np.isnan(batch.values))))
+    return cum[batch.offsets[1:]] - cum[batch.offsets[:-1]]
+
+
+def as_policy_batch(
+    rewards: Any, offsets: Any, group_ids: Any, *, singleton: Any, nan_policy: Any, backend: Any
+) -> tuple[Batch, bool, bool]:
+    """The grouped batch plus the policies every group estimator shares.
+
+    Returns ``(batch, raw_singletons, omit_nan)``; ``singleton="error"`` is enforced here.
+    """
+    check_choice(singleton, "singleton", SINGLETON_POLICIES)
+    check_choice(nan_policy, "nan_policy", NAN_POLICIES)
+    check_choice(backend, "backend", BACKENDS)
+    batch = as_batch(rewards, offsets, group_ids)
+    omit = nan_policy == "omit"
+    if singleton == "error":
+        counts = valid_counts(batch, omit)
+        if (counts == 1).any():
+            q = int(np.flatnonzero(counts == 1)[0])
+            raise ValueError(
+                f"group {q} has a single response and `singleton='error'`; "
+                "pass singleton='zero' or 'raw' to accept lone responses."
+            )
+    return batch, singleton == "raw", omit
+
+
+def raise_bad_values(values: np.ndarray, omit_nan: bool, name: str = "rewards") -> None:
+    """Explain why a kernel saw non-finite numbers (called only on the error path)."""
+    if not omit_nan and np.isnan(values).any():
+        raise ValueError(
+            f"`{name}` contain NaN; pass nan_policy='omit' to leave unscorable "
+            "responses out of their groups."
+        )
+    if np.isinf(values).any():
+        raise ValueError(f"`{name}` must be finite; got inf.")
+    raise ValueError(
+        f"`{name}` are too large: the advantages overflow {values.dtype} "
+        "(rescale the rewards)."
+    )

@@ -29,14 +29,12 @@ from numpy.typing import ArrayLike
 from advcal._kernels import engine
 from advcal._kernels.modes import DR, FIXED, GRPO, RLOO
 from advcal._validation import (
-    BACKENDS,
-    NAN_POLICIES,
-    SINGLETON_POLICIES,
     Batch,
-    as_batch,
+    as_policy_batch,
     check_choice,
     check_int,
     check_real,
+    raise_bad_values,
 )
 
 __all__ = [
@@ -78,43 +76,9 @@ def _point_iv(
     nan_policy: str,
     backend: str,
 ) -> _Call:
-    check_choice(singleton, "singleton", SINGLETON_POLICIES)
-    check_choice(nan_policy, "nan_policy", NAN_POLICIES)
-    check_choice(backend, "backend", BACKENDS)
-    batch = as_batch(rewards, offsets, group_ids)
-    omit = nan_policy == "omit"
-    if singleton == "error":
-        counts = valid_counts(batch, omit)
-        if (counts == 1).any():
-            q = int(np.flatnonzero(counts == 1)[0])
-            raise ValueError(
-                f"group {q} has a single response and `singleton='error'`; "
-                "pass singleton='zero' or 'raw' to accept lone responses."
-            )
-    return _Call(batch, singleton == "raw", omit, _engine(backend))
-
-
-def valid_counts(batch: Batch, omit_nan: bool) -> np.ndarray:
-    """Number of responses per group that enter the group statistics."""
-    if not omit_nan:
-        return batch.sizes
-    cum = np.concatenate(([0], np.cumsum(~np.isnan(batch.values))))
-    return cum[batch.offsets[1:]] - cum[batch.offsets[:-1]]
-
-
-def raise_bad_values(values: np.ndarray, omit_nan: bool, name: str = "rewards") -> None:
-    """Explain why a kernel saw non-finite numbers (called only on the error path)."""
-    if not omit_nan and np.isnan(values).any():
-        raise ValueError(
-            f"`{name}` contain NaN; pass nan_policy='omit' to leave unscorable "
-            "responses out of their groups."
-        )
-    if np.isinf(values).any():
-        raise ValueError(f"`{name}` must be finite; got inf.")
-    raise ValueError(
-        f"`{name}` are too large: the advantages overflow {values.dtype} "
-        "(rescale the rewards)."
-    )
+    batch, raw, omit = as_policy_batch(rewards, offsets, group_ids, singleton=singleton,
+                                       nan_policy=nan_policy, backend=backend)
+    return _Call(batch, raw, omit, _engine(backend))
 
 
 _DTYPE_MAX = {np.dtype(np.float32): float(np.finfo(np.float32).max),

@@ -27,13 +27,14 @@ from numpy.typing import ArrayLike
 from advcal._validation import (
     BACKENDS,
     NAN_POLICIES,
-    SINGLETON_POLICIES,
     Batch,
     as_batch,
+    as_policy_batch,
     check_choice,
     check_real,
+    raise_bad_values,
 )
-from advcal.estimators import ESTIMATORS, raise_bad_values, valid_counts
+from advcal.estimators import ESTIMATORS
 
 __all__ = ["MaxNormResult", "ResolvedRewards", "maxnorm", "resolve_rewards"]
 
@@ -258,21 +259,9 @@ def _maxnorm_iv(
     if bounds is None and resolution is not None:
         bounds = (0.0, 1.0)
     protocol = _protocol_iv(resolution, bounds, clip)
-    check_choice(singleton, "singleton", SINGLETON_POLICIES)
-    check_choice(nan_policy, "nan_policy", NAN_POLICIES)
-    check_choice(backend, "backend", BACKENDS)
-    batch = as_batch(rewards, offsets, group_ids)
-    omit = nan_policy == "omit"
-    if singleton == "error":
-        counts = valid_counts(batch, omit)
-        if (counts == 1).any():
-            q = int(np.flatnonzero(counts == 1)[0])
-            raise ValueError(
-                f"group {q} has a single response and `singleton='error'`; "
-                "pass singleton='zero' or 'raw' to accept lone responses."
-            )
-    return (batch, tau, baseline == "rloo", dead, singleton == "raw", protocol, omit,
-            _engine(backend))
+    batch, raw, omit = as_policy_batch(rewards, offsets, group_ids, singleton=singleton,
+                                       nan_policy=nan_policy, backend=backend)
+    return batch, tau, baseline == "rloo", dead, raw, protocol, omit, _engine(backend)
 
 
 def _maxnorm_groups(
