@@ -19,7 +19,6 @@ Shared keywords:
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
 from types import ModuleType
 from typing import Any
 
@@ -63,9 +62,6 @@ class _Call:
         self.engine = engine
 
 
-@cache
-def _engine(backend: str) -> ModuleType:
-    return engine(backend)
 
 
 def _point_iv(
@@ -78,7 +74,7 @@ def _point_iv(
 ) -> _Call:
     batch, raw, omit = as_policy_batch(rewards, offsets, group_ids, singleton=singleton,
                                        nan_policy=nan_policy, backend=backend)
-    return _Call(batch, raw, omit, _engine(backend))
+    return _Call(batch, raw, omit, engine("point", backend))
 
 
 _DTYPE_MAX = {np.dtype(np.float32): float(np.finfo(np.float32).max),

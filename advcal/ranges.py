@@ -10,14 +10,13 @@ r_i − r̄ when every range is a point.  Importing this module registers the me
 
 from __future__ import annotations
 
-import importlib
-from functools import cache
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from advcal._kernels import engine
 from advcal._validation import BACKENDS, Batch, as_batch, as_float_array, check_choice
 from advcal.estimators import ESTIMATORS
 
@@ -26,10 +25,6 @@ __all__ = ["RELATIONS", "range_advantages"]
 RELATIONS = ("dominance", "midpoint", "probabilistic")
 
 
-@cache
-def _engine(backend: str) -> ModuleType:
-    # numba is imported on first use only: `import advcal` stays light.
-    return importlib.import_module(f"advcal._kernels.ranges_{backend}")
 
 
 def _position(batch: Batch, i: int) -> str:
@@ -79,7 +74,7 @@ def _range_iv(
         raise _too_large(np.dtype(np.float64))
     both32 = batch.values.dtype == np.float32 and hi_arr.dtype == np.float32
     dtype = np.dtype(np.float32 if both32 else np.float64)
-    return batch, lower, upper, code, dtype, _engine(backend)
+    return batch, lower, upper, code, dtype, engine("ranges", backend)
 
 
 def range_advantages(

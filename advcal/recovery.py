@@ -17,13 +17,12 @@ its responses' policy gradients (the update of coefficients a is U(a) = Σ a_i g
 
 from __future__ import annotations
 
-from functools import cache
-from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from advcal._kernels import engine
 from advcal._kernels.recovery_numpy import (
     GRAM_RTOL,
     NOT_FINITE,
@@ -81,12 +80,6 @@ class RawRecovery(NamedTuple):
     ref1: np.ndarray  # (c − a0)ᵀ K a_ref
 
 
-@cache
-def _engine(backend: str) -> ModuleType:
-    import importlib
-
-    name = "recovery_numba" if backend == "numba" else "recovery_numpy"
-    return importlib.import_module(f"advcal._kernels.{name}")
 
 
 def check_sets(sets: Any) -> CoefficientSets:
@@ -146,12 +139,12 @@ def run_recovery(sets: CoefficientSets, gram_flat: np.ndarray, taus: np.ndarray,
     infinite = not np.isfinite(sets.rho)
     rho = 1.0 if infinite else float(sets.rho)
     root = geo.root_blocks()
-    engine = _engine(backend)
+    kernels = engine("recovery", backend)
     if backend == "numba":
-        fn = (engine.recover_groups_parallel if sets.n_groups >= PARALLEL_MIN_GROUPS
-              else engine.recover_groups_serial)
+        fn = (kernels.recover_groups_parallel if sets.n_groups >= PARALLEL_MIN_GROUPS
+              else kernels.recover_groups_serial)
     else:
-        fn = engine.recover_groups
+        fn = kernels.recover_groups
     status, anchors, eta, accepted, m_full, m_reward, ref0, ref1 = fn(
         geo.centers, offsets, root, gram_flat, boffsets, rho, taus, ref)
     bad = np.flatnonzero(status)

@@ -15,15 +15,14 @@ of first appearance of each label, as :func:`advcal.groups_from_ids`).
 
 from __future__ import annotations
 
-import importlib
 import math
-from functools import cache
 from types import ModuleType
 from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from advcal._kernels import engine
 from advcal._validation import (
     BACKENDS,
     NAN_POLICIES,
@@ -89,9 +88,6 @@ class _Protocol(NamedTuple):
     bounded: bool
 
 
-@cache
-def _engine(backend: str) -> ModuleType:
-    return importlib.import_module(f"advcal._kernels.maxnorm_{backend}")
 
 
 def _check_bool(value: Any, name: str) -> bool:
@@ -224,7 +220,7 @@ def resolve_rewards(
     check_choice(backend, "backend", BACKENDS)
     batch = as_batch(rewards, offsets, group_ids)
     omit = nan_policy == "omit"
-    out, keep, rmin, rmax, flag = _engine(backend).resolve(
+    out, keep, rmin, rmax, flag = engine("maxnorm", backend).resolve(
         batch.values, batch.offsets, protocol.lo, protocol.hi, protocol.clip,
         protocol.delta, protocol.inv_delta, protocol.kmax, omit,
     )
@@ -261,7 +257,7 @@ def _maxnorm_iv(
     protocol = _protocol_iv(resolution, bounds, clip)
     batch, raw, omit = as_policy_batch(rewards, offsets, group_ids, singleton=singleton,
                                        nan_policy=nan_policy, backend=backend)
-    return batch, tau, baseline == "rloo", dead, raw, protocol, omit, _engine(backend)
+    return batch, tau, baseline == "rloo", dead, raw, protocol, omit, engine("maxnorm", backend)
 
 
 def _maxnorm_groups(
