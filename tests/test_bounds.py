@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import traceback
 
 import numpy as np
 import pytest
@@ -13,18 +12,8 @@ from scipy import stats
 
 from advcal import risk_p_value, ucb
 from advcal.bounds import BOUNDS
+from tests.checks import own_error_or_result
 from tests.strategies import garbage_arrays
-
-
-def own_error_or_result(fn, *args, **kwargs):
-    """Call ``fn``; a failure must be advcal's own ValueError/TypeError."""
-    try:
-        return fn(*args, **kwargs)
-    except (ValueError, TypeError) as exc:
-        origin = traceback.extract_tb(exc.__traceback__)[-1].filename
-        assert "/advcal/" in origin, f"error raised outside advcal: {origin}: {exc}"
-        return None
-
 
 # --------------------------------------------------------------------------- pinned values
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import traceback
 from fractions import Fraction
 
 import numpy as np
@@ -17,18 +16,8 @@ from advcal import (
     conformal_quantile,
     conformal_rank,
 )
+from tests.checks import own_error_or_result
 from tests.strategies import garbage_arrays
-
-
-def own_error_or_result(fn, *args, **kwargs):
-    """Call ``fn``; a failure must be advcal's own ValueError/TypeError."""
-    try:
-        return fn(*args, **kwargs)
-    except (ValueError, TypeError) as exc:
-        origin = traceback.extract_tb(exc.__traceback__)[-1].filename
-        assert "/advcal/" in origin, f"error raised outside advcal: {origin}: {exc}"
-        return None
-
 
 # --------------------------------------------------------------------------- the rank
 

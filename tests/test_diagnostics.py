@@ -4,7 +4,6 @@ definitions re-derived independently, layouts, bad input."""
 from __future__ import annotations
 
 import math
-import traceback
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from advcal import (
     scale_diagnostics,
 )
 from advcal.cli import demo_reward_log
+from tests.checks import own_error_or_result
 from tests.strategies import FLOAT_DTYPES, garbage_arrays, ragged_batches
 
 ALL_METHODS = ("grpo", "dr_grpo", "rloo", "maxnorm")
@@ -29,14 +29,6 @@ STAT_FIELDS = ("inverse_scale_p50", "inverse_scale_p95", "inverse_scale_p99",
                "inverse_scale_max", "beta_eff_min", "beta_eff_max", "reward_kl_ratio")
 
 
-def own_error_or_result(fn, *args, **kwargs):
-    """Call ``fn``; a failure must be advcal's own ValueError/TypeError."""
-    try:
-        return fn(*args, **kwargs)
-    except (ValueError, TypeError) as exc:
-        origin = traceback.extract_tb(exc.__traceback__)[-1].filename
-        assert "/advcal/" in origin, f"error raised outside advcal: {origin}: {exc}"
-        return None
 
 
 # --------------------------------------------------------------------------- hand-derived

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import traceback
-
 import numpy as np
 import pytest
 from hypothesis import given
@@ -14,17 +12,8 @@ import advcal
 from advcal import advantages, dr_grpo, offsets_from_sizes, range_advantages
 from advcal._kernels import ranges_numpy
 from advcal.ranges import RELATIONS
+from tests.checks import own_error_or_result
 from tests.strategies import FLOAT_DTYPES, garbage_arrays, ragged_batches
-
-
-def own_error_or_result(fn, *args, **kwargs):
-    """Call ``fn``; a failure must be advcal's own ValueError/TypeError."""
-    try:
-        return fn(*args, **kwargs)
-    except (ValueError, TypeError) as exc:
-        origin = traceback.extract_tb(exc.__traceback__)[-1].filename
-        assert "/advcal/" in origin, f"error raised outside advcal: {origin}: {exc}"
-        return None
 
 
 @st.composite

@@ -19,6 +19,7 @@ from advcal import (
     recover,
 )
 from advcal.simulate import gram_matrices, paired_scorings
+from tests.checks import own_error_or_result
 
 seeds = st.integers(0, 2**32 - 1)
 
@@ -332,9 +333,8 @@ def test_garbage_input_raises_only_advcal_errors(rewards, other, gram, tau) -> N
         lambda: coefficient_sets(paired_scorings(3, 3, seed=0).a, calibration=cal).contains(
             rewards),
     ):
-        try:
-            out = call()
-        except (ValueError, TypeError):
+        out = own_error_or_result(call)
+        if out is None:
             continue
         values = out.coefficients if hasattr(out, "coefficients") else out
         if isinstance(values, np.ndarray) and values.dtype.kind == "f":

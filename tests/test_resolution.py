@@ -3,7 +3,6 @@ guarantee as a property, kernel == numpy reference, layouts, bad input."""
 
 from __future__ import annotations
 
-import traceback
 from fractions import Fraction
 
 import numba
@@ -22,6 +21,7 @@ from advcal import (
     resolve_rewards,
 )
 from advcal._kernels import maxnorm_numba, maxnorm_numpy
+from tests.checks import own_error_or_result
 from tests.strategies import (
     FLOAT_DTYPES,
     RaggedBatch,
@@ -33,14 +33,6 @@ from tests.strategies import (
 taus = st.one_of(st.sampled_from([1e-3, 0.01, 0.1, 1.0]), st.floats(1e-3, 100.0))
 
 
-def own_error_or_result(fn, *args, **kwargs):
-    """Call ``fn``; a failure must be advcal's own ValueError/TypeError."""
-    try:
-        return fn(*args, **kwargs)
-    except (ValueError, TypeError) as exc:
-        origin = traceback.extract_tb(exc.__traceback__)[-1].filename
-        assert "/advcal/" in origin, f"error raised outside advcal: {origin}: {exc}"
-        return None
 
 
 def groups_of(values, offsets):
