@@ -8,6 +8,7 @@ ratios measured side by side travel between machines better than seconds.
 
 from __future__ import annotations
 
+import time
 import timeit
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,3 +32,34 @@ def best_time(fn: Callable[[], object], *, min_total: float = 0.2, repeat: int =
     number, elapsed = timer.autorange()
     number = max(1, int(number * min_total / max(elapsed, 1e-9)))
     return min(timer.repeat(repeat=repeat, number=number)) / number
+
+
+def fresh_process_time(code: str, env: dict[str, str] | None = None, runs: int = 3) -> float:
+    """Best wall time of a fresh ``python -c code`` process, in seconds."""
+    import os
+    import subprocess
+    import sys
+
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True,
+                       env={**os.environ, **(env or {})})
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def startup_notes(label: str, first_call: str) -> list[str]:
+    """What a user pays per process (DESIGN §7): the import, then a first call with the
+    compiled kernels cached on disk and with an empty cache (compiling)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as empty:
+        cold = fresh_process_time(first_call, env={"NUMBA_CACHE_DIR": empty}, runs=1)
+    times = {
+        "python -c pass": fresh_process_time("pass"),
+        "import advcal": fresh_process_time("import advcal"),
+        f"import + first {label}, kernels cached": fresh_process_time(first_call),
+        f"import + first {label}, compiling (cold)": cold,
+    }
+    return [f"{name + ':':<44}{t * 1e3:8.0f} ms" for name, t in times.items()]

@@ -11,7 +11,7 @@ import numpy as np
 import advcal
 from advcal._kernels import point_numba
 from advcal._kernels.modes import GRPO, RLOO
-from benchmarks import Case
+from benchmarks import Case, startup_notes
 
 
 def numpy_grpo_dense(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
@@ -60,7 +60,8 @@ def cases(quick: bool) -> list[Case]:
             },
             baseline="numpy-vectorized peer",
             target="advcal.grpo <= 15 us",
-            notes=[] if quick else startup_notes(),
+            notes=[] if quick else startup_notes(
+                "grpo", "import numpy as np, advcal; advcal.grpo(np.random.rand(512, 16))"),
         ),
         Case(
             "rloo, dense 512 x 16, whole public call",
@@ -110,34 +111,3 @@ def cases(quick: bool) -> list[Case]:
         ))
     return out
 
-
-def _startup(code: str, env: dict[str, str] | None = None, runs: int = 3) -> float:
-    import os
-    import subprocess
-    import sys
-    import time
-
-    best = float("inf")
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], check=True,
-                       env={**os.environ, **(env or {})})
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def startup_notes() -> list[str]:
-    """Cold and warm start: what a user pays per process (DESIGN §7)."""
-    import tempfile
-
-    first_call = "import numpy as np, advcal; advcal.grpo(np.random.rand(512, 16))"
-    bare = _startup("pass")
-    notes = [
-        f"python -c pass:                         {bare * 1e3:8.0f} ms",
-        f"import advcal:                          {_startup('import advcal') * 1e3:8.0f} ms",
-        f"import + first grpo, kernels cached:    {_startup(first_call) * 1e3:8.0f} ms",
-    ]
-    with tempfile.TemporaryDirectory() as empty:
-        cold = _startup(first_call, env={"NUMBA_CACHE_DIR": empty}, runs=1)
-    notes.append(f"import + first grpo, compiling (cold):  {cold * 1e3:8.0f} ms")
-    return notes

@@ -14,7 +14,7 @@ import numpy as np
 
 import advcal
 from advcal._kernels import maxnorm_numba
-from benchmarks import Case
+from benchmarks import Case, startup_notes
 
 TAU = 0.01
 DELTA = 0.01
@@ -68,37 +68,8 @@ def _resolve_kernel(x: np.ndarray, offsets: np.ndarray) -> object:
     return maxnorm_numba.resolve(x, offsets, 0.0, 1.0, False, DELTA, 1.0 / DELTA,
                                  round(1.0 / DELTA), False)
 
-
-def _process_time(code: str, env: dict[str, str] | None = None, runs: int = 3) -> float:
-    """Best wall time of a fresh ``python -c code`` process."""
-    import os
-    import subprocess
-    import sys
-    import time
-
-    best = math.inf
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], check=True,
-                       env={**os.environ, **(env or {})})
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def startup_notes() -> list[str]:
-    """What a user pays per process for the first maxnorm call (DESIGN §7)."""
-    import tempfile
-
-    first = ("import numpy as np, advcal; "
-             "advcal.maxnorm(np.random.rand(512, 16), tau_res=0.01, resolution=0.01)")
-    with tempfile.TemporaryDirectory() as empty:
-        cold = _process_time(first, env={"NUMBA_CACHE_DIR": empty}, runs=1)
-    times = {
-        "import advcal": _process_time("import advcal"),
-        "import + first maxnorm, kernels cached": _process_time(first),
-        "import + first maxnorm, compiling (cold)": cold,
-    }
-    return [f"{label + ':':<44}{t * 1e3:8.0f} ms" for label, t in times.items()]
+FIRST_MAXNORM = ("import numpy as np, advcal; "
+                 "advcal.maxnorm(np.random.rand(512, 16), tau_res=0.01, resolution=0.01)")
 
 
 def cases(quick: bool) -> list[Case]:
@@ -118,7 +89,7 @@ def cases(quick: bool) -> list[Case]:
             },
             baseline="numpy-vectorized peer",
             target="advcal.maxnorm <= 15 us",
-            notes=[] if quick else startup_notes(),
+            notes=[] if quick else startup_notes("maxnorm", FIRST_MAXNORM),
         ),
         Case(
             "resolve_rewards, dense 512 x 16, whole public call",
