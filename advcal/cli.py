@@ -12,15 +12,23 @@ import argparse
 import csv
 import json
 import math
+import shutil
 import sys
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from advcal.conformal import calibrate_ranges, conformal_rank
 from advcal.diagnostics import DIAGNOSED_METHODS, ScaleDiagnostics, scale_diagnostics
-from advcal.estimators import ESTIMATORS
+from advcal.estimators import ESTIMATORS, grpo
+from advcal.recovery import Recovery
+from advcal.risk import ThresholdSelection, select_threshold, setgrpo
+from advcal.sets import SetCalibration, calibrate_sets, coefficient_sets
+from advcal.simulate import PairedScorings, gram_matrices, paired_scorings
 
 # The demo's estimators: those of ESTIMATORS that take point rewards (others, such as
 # interval estimators, need inputs the built-in batch does not have).
@@ -28,6 +36,44 @@ _DEMO_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp_baseli
                     "gpg", "passk", "maxnorm")
 # MaxNorm's scale floor in the demo.
 _DEMO_TAU_RES = 0.01
+
+
+class _DemoSizes(NamedTuple):
+    """How much the demo simulates (the tour's runtime is set here and nowhere else)."""
+
+    coverage_splits: int  # calibration/test splits per calibration size m
+    coverage_tests: int  # fresh test responses per split
+    set_calibration: int  # groups that calibrate the JRSC radius
+    set_coverage: int  # fresh groups the set coverage is measured on
+    risk_calibration: int  # groups with a reference scoring that select tau
+    train: int  # training groups of the SetGRPO step
+
+
+# These sizes keep the whole `advcal demo` far under 30 s on two cores with the Numba kernels
+# cached (3 s measured); the very first run compiles the kernels, about 20 s more.
+_DEMO_SIZES = _DemoSizes(coverage_splits=2000, coverage_tests=100, set_calibration=2000,
+                         set_coverage=4000, risk_calibration=8000, train=2000)
+
+# Conformal coverage table: levels, calibration sizes m and range methods.
+_COVERAGE_ALPHAS = (0.05, 0.1, 0.2)
+_COVERAGE_M = (19, 99)
+_COVERAGE_METHODS = ("absolute", "normalized")
+_JUDGE_SAMPLES = 5
+# Tolerances are this many standard errors: the tables hold a few dozen checks.
+_Z = 4.0
+
+# SetGRPO run: groups of 8, a heteroscedastic grader (mean noise sd 0.07), JRSC level alpha,
+# SRGO target risk beta at confidence 1 - delta over the threshold grid (as notebook 3).
+_SET_GROUP = 8
+_SET_NOISE = 0.07
+_SET_ALPHA = 0.2
+_SET_BETA = 0.08
+_SET_DELTA = 0.1
+_SET_THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(10, -1, -1))
+
+# Independent random streams of the demo's simulations, keyed with the user's seed.
+_STREAM_COVERAGE = 1
+_STREAM_SETGRPO = 2
 
 
 class _Command(NamedTuple):
@@ -106,17 +152,377 @@ def demo_diagnostics(seed: int = 0) -> ScaleDiagnostics:
                              tau_res=_DEMO_TAU_RES, reference=clean)
 
 
+# --------------------------------------------------------------------------- demo: progress
+
+
+class _Bar:
+    """A one-line text progress bar on a stream: ``label [#####-----]  50%  1.2 s  note``.
+
+    Redrawn at most ten times a second and erased when the step ends, so it never mixes
+    with the report on stdout.  A disabled bar does nothing.
+    """
+
+    WIDTH = 24
+
+    def __init__(self, label: str, total: int, stream: Any, enabled: bool) -> None:
+        self.label = label
+        self.total = max(int(total), 1)
+        self.stream = stream
+        self.enabled = enabled
+        self.done = 0
+        self.note = ""
+        self._start = time.perf_counter()
+        self._drawn_at = -math.inf
+        self._length = 0
+
+    def __enter__(self) -> _Bar:
+        self._draw(force=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled and self._length:
+            self.stream.write("\r" + " " * self._length + "\r")
+            self.stream.flush()
+
+    def advance(self, n: int = 1) -> None:
+        self.done = min(self.done + n, self.total)
+        self._draw(force=self.done == self.total)
+
+    def describe(self, note: str) -> None:
+        """Name the sub-step that runs next (a long single call shows what it is doing)."""
+        self.note = note
+        self._draw(force=True)
+
+    def _draw(self, *, force: bool) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if not force and now - self._drawn_at < 0.1:
+            return
+        self._drawn_at = now
+        filled = self.WIDTH * self.done // self.total
+        line = (f"{self.label} [{'#' * filled}{'-' * (self.WIDTH - filled)}] "
+                f"{100 * self.done // self.total:3d}% {now - self._start:5.1f} s  {self.note}")
+        line = line[:shutil.get_terminal_size().columns - 1]
+        self.stream.write("\r" + line.ljust(self._length))
+        self.stream.flush()
+        self._length = len(line)
+
+
+def _progress_enabled(no_progress: bool, stream: Any) -> bool:
+    """Bars only on a terminal: a log file or a pipe gets no carriage-return clutter."""
+    if no_progress:
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty())
+
+
+def _no_bar() -> _Bar:
+    return _Bar("", 1, None, enabled=False)
+
+
+# --------------------------------------------------------------------------- demo: coverage
+
+
+@dataclass(frozen=True)
+class DemoCoverage:
+    """Empirical coverage of split-conformal reward ranges (:func:`demo_coverage`).
+
+    ``coverage[i, j, k]`` is the fraction of test responses whose reference reward lies in
+    its range, over ``splits`` splits of ``sizes[i]`` calibration and ``tests`` test
+    responses each, at level ``alphas[j]`` with range method ``methods[k]``.
+    """
+
+    sizes: tuple[int, ...]
+    alphas: tuple[float, ...]
+    methods: tuple[str, ...]
+    splits: int
+    tests: int
+    coverage: np.ndarray
+
+    @staticmethod
+    def band(m: int, alpha: float) -> tuple[float, float]:
+        """The finite-sample band ``[1 - alpha, min(1, 1 - alpha + 1/(m + 1))]``."""
+        return 1.0 - alpha, min(1.0, 1.0 - alpha + 1.0 / (m + 1))
+
+    def tolerance(self, m: int, alpha: float) -> float:
+        """``_Z`` standard errors of the mean coverage over the splits.
+
+        Given its calibration, a split covers each test response independently with
+        probability C ~ Beta(k, m + 1 - k) (continuous scores; k the conformal rank), so the
+        mean over ``tests`` responses has variance v_b + (p(1 - p) - v_b) / tests with
+        p = k / (m + 1) and v_b the Beta variance; a single test response is a Bernoulli(p).
+        """
+        k = conformal_rank(m, alpha)
+        if k > m:  # the quantile is +inf: every response is covered
+            return 0.0
+        p = k / (m + 1)
+        between = p * (1.0 - p) / (m + 2)
+        per_split = between + (p * (1.0 - p) - between) / self.tests
+        return _Z * math.sqrt(per_split / self.splits)
+
+
+def _judge(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A simulated LLM judge: reference rewards, judge scores and their spread."""
+    reference = rng.beta(2.0, 2.0, n)
+    noise_sd = 0.02 + 0.2 * rng.random(n) ** 2  # some responses are hard to judge
+    draws = reference[:, None] + noise_sd[:, None] * rng.standard_normal((n, _JUDGE_SAMPLES))
+    return reference, draws.mean(axis=1), draws.std(axis=1, ddof=1)
+
+
+def demo_coverage(seed: int = 0, *, sizes: _DemoSizes = _DEMO_SIZES, bar: _Bar | None = None
+                  ) -> DemoCoverage:
+    """Coverage of ``calibrate_ranges`` ranges over repeated simulated splits (the demo's)."""
+    bar = bar or _no_bar()
+    rng = np.random.default_rng([seed, _STREAM_COVERAGE])
+    splits, tests = sizes.coverage_splits, sizes.coverage_tests
+    hits = np.zeros((len(_COVERAGE_M), len(_COVERAGE_ALPHAS), len(_COVERAGE_METHODS)))
+    for i, m in enumerate(_COVERAGE_M):
+        for _ in range(splits):
+            y, s, sigma = _judge(rng, m + tests)
+            cal, test = slice(0, m), slice(m, None)
+            for j, alpha in enumerate(_COVERAGE_ALPHAS):
+                for k, method in enumerate(_COVERAGE_METHODS):
+                    if method == "absolute":
+                        lo, hi = calibrate_ranges(s[cal], y[cal], alpha=alpha).ranges(s[test])
+                    else:
+                        fit = calibrate_ranges(s[cal], y[cal], alpha=alpha, method=method,
+                                               sigma=sigma[cal])
+                        lo, hi = fit.ranges(s[test], sigma=sigma[test])
+                    hits[i, j, k] += np.count_nonzero((lo <= y[test]) & (y[test] <= hi))
+            bar.advance()
+    return DemoCoverage(_COVERAGE_M, _COVERAGE_ALPHAS, _COVERAGE_METHODS, splits, tests,
+                        hits / (splits * tests))
+
+
+def _coverage_table(cov: DemoCoverage) -> str:
+    lines = [f"{'m':>5}{'alpha':>7}  {'band':<16}"
+             + "".join(f"{method:>12}" for method in cov.methods) + f"{'tol':>9}"]
+    for i, m in enumerate(cov.sizes):
+        for j, alpha in enumerate(cov.alphas):
+            lo, hi = cov.band(m, alpha)
+            lines.append(f"{m:>5d}{alpha:>7.2f}  [{lo:.3f}, {hi:.3f}]  "
+                         + "".join(f"{c:>12.4f}" for c in cov.coverage[i, j])
+                         + f"{cov.tolerance(m, alpha):>9.4f}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- demo: SetGRPO
+
+
+class DemoSetGRPO(NamedTuple):
+    """The demo's SetGRPO run (:func:`demo_setgrpo`).
+
+    Attributes
+    ----------
+    calibration : SetCalibration
+        JRSC calibration (radius ``rho``) on ``sizes.set_calibration`` groups.
+    set_coverage : float
+        Fraction of ``sizes.set_coverage`` fresh groups whose re-scored GRPO coefficients
+        T(r') lie in the set built from their first scoring.
+    selection : ThresholdSelection
+        SRGO table on ``sizes.risk_calibration`` groups with a reference scoring.
+    step : Recovery
+        The SetGRPO step on ``sizes.train`` training groups at the selected threshold.
+    sizes : _DemoSizes
+        The sizes used.
+    """
+
+    calibration: SetCalibration
+    set_coverage: float
+    selection: ThresholdSelection
+    step: Recovery
+    sizes: _DemoSizes
+
+    def tolerance(self) -> float:
+        """``_Z`` standard errors of ``set_coverage`` (Beta spread of the calibration plus
+        the binomial spread of the fresh groups; 0 when the radius is infinite)."""
+        m, n = self.calibration.m, self.sizes.set_coverage
+        k = conformal_rank(m, self.calibration.alpha)
+        if k > m:
+            return 0.0
+        p = k / (m + 1)
+        between = p * (1.0 - p) / (m + 2)
+        return _Z * math.sqrt(between + (p * (1.0 - p) - between) / n)
+
+
+def demo_setgrpo(seed: int = 0, *, sizes: _DemoSizes = _DEMO_SIZES, bar: _Bar | None = None
+                 ) -> DemoSetGRPO:
+    """JRSC sets, SRGO threshold selection and one SetGRPO step on simulated groups."""
+    bar = bar or _no_bar()
+    streams = iter(np.random.SeedSequence([seed, _STREAM_SETGRPO]).spawn(8))
+
+    def groups(n: int) -> tuple[PairedScorings, np.ndarray]:
+        data = paired_scorings(n, _SET_GROUP, noise="heteroscedastic", scale=_SET_NOISE,
+                               seed=next(streams))
+        return data, gram_matrices(n, _SET_GROUP, seed=next(streams)).gram
+
+    bar.describe("JRSC radius")
+    cal_data, _ = groups(sizes.set_calibration)
+    calibration = calibrate_sets(cal_data.a, cal_data.b, alpha=_SET_ALPHA)
+    bar.advance()
+    bar.describe("set coverage")
+    fresh, _ = groups(sizes.set_coverage)
+    sets = coefficient_sets(fresh.a, calibration=calibration)
+    set_coverage = float(np.mean(sets.contains(grpo(fresh.b))))
+    bar.advance()
+    bar.describe("SRGO tau (compiles once)")
+    risk_data, risk_gram = groups(sizes.risk_calibration)
+    selection = select_threshold(coefficient_sets(risk_data.a, calibration=calibration),
+                                 risk_gram, grpo(risk_data.b), thresholds=_SET_THRESHOLDS,
+                                 beta=_SET_BETA, delta=_SET_DELTA)
+    bar.advance()
+    bar.describe("SetGRPO step")
+    train, train_gram = groups(sizes.train)
+    step = setgrpo(train.a, gram=train_gram, calibration=calibration, tau=selection)
+    bar.advance()
+    return DemoSetGRPO(calibration, set_coverage, selection, step, sizes)
+
+
+def _selection_table(sel: ThresholdSelection) -> str:
+    lines = [f"{'tau':>7}{'accepted':>10}{'reversals':>11}{'risk':>9}{'UCB':>9}"
+             f"{'recovery':>10}  feasible"]
+    for row in zip(sel.tau, sel.n_acc, sel.k_rev, sel.risk, sel.ucb, sel.recovery,
+                   sel.feasible, strict=True):
+        tau, n_acc, k_rev, risk, bound, recovery, feasible = row
+        lines.append(f"{tau:>7.2f}{n_acc:>10d}{k_rev:>11d}{risk:>9.4f}{bound:>9.4f}"
+                     f"{recovery:>10.1f}  {'yes' if feasible else 'no'}")
+    return "\n".join(lines)
+
+
+def _print_setgrpo(run: DemoSetGRPO) -> None:
+    cal, sel, step, sizes = run.calibration, run.selection, run.step, run.sizes
+    lo, hi = DemoCoverage.band(cal.m, cal.alpha)
+    print(f"SetGRPO on simulated paired scorings: groups of {_SET_GROUP}, a heteroscedastic "
+          f"grader (mean noise sd {_SET_NOISE:g}),")
+    print("and random Gram matrices of the responses' policy gradients.")
+    print(f"JRSC sets at alpha = {cal.alpha:g}, calibrated on {cal.m} groups: radius "
+          f"rho = {cal.rho:.4f};")
+    print(f"their coverage of the re-scored coefficients T(r') on {sizes.set_coverage} fresh "
+          f"groups: {run.set_coverage:.4f}")
+    print(f"(band [{lo:.4f}, {hi:.4f}], tol {run.tolerance():.4f}).")
+    print(f"SRGO threshold selection on {sizes.risk_calibration} groups with a reference "
+          f"scoring (beta = {_SET_BETA:g}, delta = {_SET_DELTA:g},")
+    print("Clopper-Pearson UCB, Bonferroni over the grid; risk = reversals / accepted):")
+    print(_selection_table(sel))
+    if sel.tau_sel is None:
+        print("selected tau: none (no threshold is certified; SetGRPO rejects every group).")
+    else:
+        j = int(np.flatnonzero(sel.tau == sel.tau_sel)[0])
+        print(f"selected tau = {sel.tau_sel:.2f} (the most recovery among the feasible "
+              "thresholds):")
+        print(f"UCB {sel.ucb[j]:.4f} <= beta = {_SET_BETA:g}, empirical risk {sel.risk[j]:.4f} "
+              f"({sel.k_rev[j]} reversals of {sel.n_acc[j]} accepted).")
+    accepted = step.accepted
+    eta = f"{float(np.mean(step.eta[accepted])):.4f}" if accepted.any() else "n/a"
+    tau = "none" if sel.tau_sel is None else f"{sel.tau_sel:.2f}"
+    print(f"SetGRPO step on {sizes.train} training groups at tau = {tau}: acceptance rate "
+          f"{float(np.mean(accepted)):.4f},")
+    print(f"mean recovery ratio eta* {eta} over the accepted groups.")
+
+
+# --------------------------------------------------------------------------- demo: figures
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _plot_coverage(cov: DemoCoverage, path: Path) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(cov.sizes), figsize=(4.5 * len(cov.sizes), 3.6),
+                             sharey=True, squeeze=False)
+    grid = np.linspace(min(cov.alphas) - 0.02, max(cov.alphas) + 0.02, 100)
+    alphas = np.array(cov.alphas)
+    for i, (ax, m) in enumerate(zip(axes[0], cov.sizes, strict=True)):
+        ax.fill_between(grid, 1 - grid, np.minimum(1, 1 - grid + 1 / (m + 1)), alpha=0.3,
+                        color="gray", label="band [1-alpha, 1-alpha+1/(m+1)]")
+        tol = [cov.tolerance(m, a) for a in cov.alphas]
+        for k, (method, marker) in enumerate(zip(cov.methods, "os", strict=True)):
+            shift = (k - 0.5) * 0.004  # side by side
+            ax.errorbar(alphas + shift, cov.coverage[i, :, k], yerr=tol, fmt=marker,
+                        capsize=3, label=method)
+        ax.set_title(f"m = {m}")
+        ax.set_xlabel("alpha")
+    axes[0][0].set_ylabel("empirical coverage")
+    axes[0][0].legend(loc="lower left", fontsize=8)
+    fig.suptitle(f"conformal reward ranges: coverage over {cov.splits} splits "
+                 f"(error bars: {_Z:g} s.e.)")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+
+
+def _plot_risk(run: DemoSetGRPO, path: Path) -> None:
+    plt = _pyplot()
+    sel = run.selection
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(sel.tau, sel.risk, marker="o", label="empirical risk (reversals / accepted)")
+    ax.plot(sel.tau, sel.ucb, marker="^", label=f"UCB (Clopper-Pearson, level {sel.level:.3g})")
+    ax.axhline(_SET_BETA, color="C3", linewidth=1, label=f"beta = {_SET_BETA:g}")
+    if sel.tau_sel is not None:
+        j = int(np.flatnonzero(sel.tau == sel.tau_sel)[0])
+        ax.axvline(sel.tau_sel, color="C2", linestyle=":", label=f"selected tau = "
+                   f"{sel.tau_sel:.2f} (UCB {sel.ucb[j]:.3f})")
+    ax.set_xlabel("threshold tau")
+    ax.set_ylabel("conditional reversal risk")
+    ax.set_ylim(0, min(1.0, max(0.3, 3 * _SET_BETA)))
+    ax.set_title(f"SRGO: risk/threshold curve on {run.sizes.risk_calibration} groups")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+
+
+_FIGURES = ("scales.png", "coverage.png", "setgrpo_risk.png")
+
+
+# --------------------------------------------------------------------------- demo: the tour
+
+
 def _run_demo(args: argparse.Namespace) -> int:
+    def fail(message: str) -> int:
+        print(f"advcal demo: error: {message}", file=sys.stderr)
+        return 2
+
+    out = None if args.out is None else Path(args.out)
+    if out is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return fail("--out needs matplotlib, which is not installed "
+                        "(pip install 'advcal[plot]')")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return fail(f"cannot create the figure directory {out}: {exc.strerror or exc}")
+    show = _progress_enabled(args.no_progress, sys.stderr)
+
+    def bar(label: str, total: int) -> _Bar:
+        return _Bar(label, total, sys.stderr, show)
+
     rewards, lengths = demo_batch(args.seed)
     print("advcal demo: 6 groups x 8 responses of verifier-style rewards in [0, 1]\n")
     print("rewards of group 3 (0.70 plus sub-resolution jitter of 1e-4):")
     print("  reward                  " + "".join(f"{v:>9.5f}" for v in rewards[3]))
     print()
+    results = {}
+    with bar("advantages", len(_DEMO_ESTIMATORS)) as progress:
+        for name in _DEMO_ESTIMATORS:
+            results[name] = ESTIMATORS[name](rewards, **_demo_extra(name, lengths))
+            progress.advance()
     print("advantages of group 3, per estimator (GRPO amplifies the jitter to O(1);")
     print(f"maxnorm with tau_res = {_DEMO_TAU_RES:g} keeps it small):")
-    results = {}
     for name in _DEMO_ESTIMATORS:
-        results[name] = ESTIMATORS[name](rewards, **_demo_extra(name, lengths))
         print(_format_row(f"  {name}", results[name][3], 9))
     print()
     print(f"{'estimator':<24}{'max|A|':>10}{'mean|A|':>10}{'zero groups':>13}")
@@ -125,7 +531,13 @@ def _run_demo(args: argparse.Namespace) -> int:
         print(f"{name:<24}{np.max(np.abs(adv)):>10.3f}{np.mean(np.abs(adv)):>10.3f}"
               f"{zero:>13d}")
     print()
-    diag = demo_diagnostics(args.seed)
+    with bar("scale diagnostics", 2) as progress:
+        diag = demo_diagnostics(args.seed)
+        progress.advance()
+        noisy, clean = demo_reward_log(args.seed)
+        protocol = scale_diagnostics(noisy, methods=("maxnorm",), tau_res=_DEMO_TAU_RES,
+                                     resolution=_DEMO_TAU_RES, reference=clean)["maxnorm"]
+        progress.advance()
     print(f"scale diagnostics of a built-in reward log ({diag.n_groups} groups x 8):")
     print("verifier-style rewards with grader jitter of 1e-4..3e-3 in the non-binary groups;")
     print("cosine = direction cosine between the weights of the noisy and the clean rewards")
@@ -133,18 +545,62 @@ def _run_demo(args: argparse.Namespace) -> int:
     grpo_tail = diag["grpo"].inverse_scale_p99
     print(f"\nGRPO's inverse-scale P99 is {grpo_tail:.0f}: {grpo_tail * _DEMO_TAU_RES:.0f}x "
           f"MaxNorm's hard cap 1/tau_res = {1.0 / _DEMO_TAU_RES:g}.")
-    noisy, clean = demo_reward_log(args.seed)
-    protocol = scale_diagnostics(noisy, methods=("maxnorm",), tau_res=_DEMO_TAU_RES,
-                                 resolution=_DEMO_TAU_RES, reference=clean)["maxnorm"]
     print(f"With the Reward-Resolution Protocol (resolution {_DEMO_TAU_RES:g}), MaxNorm skips "
           f"{protocol.zero_gap_fraction:.0%} of the groups as zero-gap (constant up to "
           f"jitter) and its direction cosine to the clean weights is "
           f"{protocol.direction_cosine:.4f}.")
+    print()
+
+    with bar("conformal coverage", len(_COVERAGE_M) * _DEMO_SIZES.coverage_splits) as progress:
+        cov = demo_coverage(args.seed, bar=progress)
+    print("coverage of split-conformal reward ranges (calibrate_ranges) for a simulated LLM "
+          "judge")
+    print(f"(mean and spread of {_JUDGE_SAMPLES} noisy samples around a Beta(2, 2) reference "
+          f"reward): {cov.splits} splits per m,")
+    print(f"each calibrating on m responses and testing {cov.tests} fresh ones; tol = {_Z:g} "
+          "standard errors of the mean.")
+    print(_coverage_table(cov))
+    print()
+
+    with bar("SetGRPO", 4) as progress:
+        run = demo_setgrpo(args.seed, bar=progress)
+    _print_setgrpo(run)
+
+    if out is not None:
+        paths = [out / name for name in _FIGURES]
+        with bar("figures", len(paths)) as progress:
+            try:
+                _plot(diag, str(paths[0]))
+                progress.advance()
+                _plot_coverage(cov, paths[1])
+                progress.advance()
+                _plot_risk(run, paths[2])
+                progress.advance()
+            except (OSError, ValueError) as exc:
+                return fail(f"cannot write the figures to {out}: {exc}")
+        print(f"\nfigures written to {out}: {', '.join(_FIGURES)}")
     return 0
 
 
+def _seed(text: str) -> int:
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: not an integer") from None
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"invalid seed {seed}: must be >= 0")
+    return seed
+
+
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="seed of the built-in batch")
+    parser.add_argument("--seed", type=_seed, default=0,
+                        help="seed of the built-in data and simulations (default: 0)")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="write the figures (" + ", ".join(_FIGURES) + ") into DIR "
+                             "(created if missing; needs matplotlib: pip install "
+                             "'advcal[plot]')")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars on stderr (they show only on a terminal)")
 
 
 class _BadInput(Exception):

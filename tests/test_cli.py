@@ -1,9 +1,15 @@
-"""The ``advcal`` command line end to end: ``demo`` and ``diagnose`` on files the tests
-write, good and bad, in-process through ``main`` and once through the installed script."""
+"""The ``advcal`` command line end to end: ``demo`` (its sections, their numbers checked
+against the guarantees they show, its figures and progress bars) and ``diagnose`` on files
+the tests write, good and bad, in-process through ``main`` and once through the installed
+script."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from advcal import scale_diagnostics
-from advcal.cli import demo_diagnostics, main
+from advcal.cli import _Bar, _progress_enabled, demo_diagnostics, main
 
 GROUPS = ["p1"] * 4 + ["p2"] * 4 + ["p3"] * 3
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.7, 0.7001, 0.7, 0.6999, 0.5, 0.5, 0.5]
@@ -55,9 +61,58 @@ def run_bad(capsys, argv) -> str:
 
 # --------------------------------------------------------------------------- demo
 
+DEMO = ["demo", "--no-progress"]
+FIGURES = ["scales.png", "coverage.png", "setgrpo_risk.png"]
+Z = 4.0  # standard errors, the demo's documented tolerance
 
-def test_demo_prints_the_scale_table_and_the_paper_finding(capsys):
-    out = run_ok(capsys, ["demo"])
+
+def run_demo(argv: list[str], stderr: io.StringIO | None = None) -> str:
+    out, err = io.StringIO(), stderr if stderr is not None else io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    assert code == 0, err.getvalue()
+    if stderr is None:
+        assert err.getvalue() == ""
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def demo_out() -> str:
+    """One full `advcal demo --no-progress` (seed 0), shared by the checks of its sections."""
+    return run_demo(DEMO)
+
+
+def section(out: str, first: str, last: str | None = None) -> str:
+    start = out.index(first)
+    return out[start:] if last is None else out[start:out.index(last, start)]
+
+
+def numbers(pattern: str, text: str) -> tuple[float, ...]:
+    found = re.search(pattern, text)
+    assert found is not None, (pattern, text)
+    return tuple(float(g) for g in found.groups())
+
+
+def exact_rank(m: int, alpha: float) -> int:
+    # ceil((m + 1)(1 - alpha)) on the percent grid, in integers (alpha has two decimals)
+    return -(-(m + 1) * (100 - round(100 * alpha)) // 100)
+
+
+def coverage_tolerance(m: int, alpha: float, repeats: int, tests: int) -> float:
+    """Z standard errors of a mean coverage over `repeats` calibrations of `tests` each:
+    the conditional coverage is Beta(k, m + 1 - k) given the calibration (continuous
+    scores), each test a Bernoulli of it; one test per calibration is binomial."""
+    k = exact_rank(m, alpha)
+    if k > m:
+        return 0.0
+    p = k / (m + 1)
+    between = p * (1 - p) / (m + 2)
+    return Z * math.sqrt((between + (p * (1 - p) - between) / tests) / repeats)
+
+
+def test_demo_prints_the_scale_table_and_the_paper_finding(capsys, demo_out):
+    out = run_ok(capsys, ["demo"])  # stderr is not a terminal here: no progress bars
+    assert out == demo_out  # deterministic for a fixed seed
     assert "maxnorm" in out
     diag = demo_diagnostics(0)
     assert diag.table() in out
@@ -66,6 +121,176 @@ def test_demo_prints_the_scale_table_and_the_paper_finding(capsys):
     # orders of magnitude above the cap 1/tau_res = 100, which MaxNorm never exceeds
     assert p99 >= 1000 and diag["maxnorm"].inverse_scale_max <= 100
     assert "With the Reward-Resolution Protocol (resolution 0.01), MaxNorm skips" in out
+
+
+def test_demo_sections_in_order(demo_out):
+    heads = ["advantages of group 3, per estimator", "scale diagnostics of a built-in reward log",
+             "coverage of split-conformal reward ranges", "SetGRPO on simulated paired scorings",
+             "SRGO threshold selection", "SetGRPO step on"]
+    positions = [demo_out.index(head) for head in heads]
+    assert positions == sorted(positions)
+    assert "figures written" not in demo_out
+
+
+def test_demo_conformal_coverage_table(demo_out):
+    text = section(demo_out, "coverage of split-conformal reward ranges", "SetGRPO on")
+    splits, tests = numbers(r"(\d+) splits per m", text) + numbers(r"testing (\d+) fresh", text)
+    rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+\[([\d.]+), ([\d.]+)\]\s+([\d.]+)\s+([\d.]+)"
+                      r"\s+([\d.]+)$", text, flags=re.M)
+    assert {(int(r[0]), float(r[1])) for r in rows} == {
+        (m, a) for m in (19, 99) for a in (0.05, 0.1, 0.2)}
+    for row in rows:
+        m, alpha, lo, hi, absolute, normalized, tol = int(row[0]), *map(float, row[1:])
+        assert (lo, hi) == (round(1 - alpha, 3), round(min(1.0, 1 - alpha + 1 / (m + 1)), 3))
+        expected_tol = coverage_tolerance(m, alpha, int(splits), int(tests))
+        assert tol == pytest.approx(expected_tol, abs=5e-5)
+        for coverage in (absolute, normalized):
+            assert 0.0 <= coverage <= 1.0
+            assert lo - expected_tol - 5e-4 <= coverage <= hi + expected_tol + 5e-4, row
+
+
+def test_demo_setgrpo_run(demo_out):
+    from scipy.stats import beta as beta_law
+
+    text = section(demo_out, "SetGRPO on simulated paired scorings")
+    alpha, m, rho = numbers(r"alpha = ([\d.]+), calibrated on (\d+) groups: radius rho = "
+                            r"([\d.]+)", text)
+    n_fresh, set_coverage = numbers(r"T\(r'\) on (\d+) fresh groups: ([\d.]+)", text)
+    lo, hi, tol = numbers(r"\(band \[([\d.]+), ([\d.]+)\], tol ([\d.]+)\)", text)
+    assert math.isfinite(rho) and rho > 0
+    assert (lo, hi) == (round(1 - alpha, 4), round(1 - alpha + 1 / (m + 1), 4))
+    expected_tol = coverage_tolerance(int(m), alpha, 1, int(n_fresh))
+    assert tol == pytest.approx(expected_tol, abs=5e-5)
+    assert lo - expected_tol <= set_coverage <= hi + expected_tol
+
+    n_risk, beta, delta = numbers(r"selection on (\d+) groups with a reference scoring "
+                                  r"\(beta = ([\d.]+), delta = ([\d.]+)", text)
+    rows = re.findall(r"^\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(nan|[\d.]+)\s+([\d.]+)\s+([\d.]+)"
+                      r"\s+(yes|no)$", text, flags=re.M)
+    tau = [float(r[0]) for r in rows]
+    assert tau == [round(0.5 - 0.05 * i, 2) for i in range(11)]  # the grid, strict to loose
+    n_acc = np.array([int(r[1]) for r in rows])
+    k_rev = np.array([int(r[2]) for r in rows])
+    ucb = np.array([float(r[4]) for r in rows])
+    recovery = np.array([float(r[5]) for r in rows])
+    feasible = np.array([r[6] == "yes" for r in rows])
+    assert (np.diff(n_acc) >= 0).all() and (k_rev <= n_acc).all()  # looser accepts more
+    assert (np.diff(recovery) >= 0).all()
+    level = delta / len(tau)  # Bonferroni
+    for r, n, k, bound in zip(rows, n_acc, k_rev, ucb, strict=True):
+        if n:
+            assert float(r[3]) == pytest.approx(k / n, abs=5e-5)
+            exact = 1.0 if k == n else float(beta_law.ppf(1 - level, k + 1, n - k))
+            assert bound == pytest.approx(exact, abs=5e-5)  # Clopper-Pearson
+    np.testing.assert_array_equal(feasible, (n_acc > 0) & (ucb <= beta))
+
+    if "selected tau: none" in text:
+        assert not feasible.any()
+        assert "acceptance rate 0.0000" in text
+        return
+    tau_sel, sel_ucb, sel_beta, sel_risk, sel_k, sel_n = numbers(
+        r"selected tau = ([\d.]+) .*\nUCB ([\d.]+) <= beta = ([\d.]+), empirical risk "
+        r"([\d.]+) \((\d+) reversals of (\d+) accepted\)", text)
+    assert tau_sel in tau
+    j = tau.index(tau_sel)
+    assert feasible[j] and recovery[j] == recovery[feasible].max()
+    assert (sel_ucb, sel_k, sel_n) == (ucb[j], k_rev[j], n_acc[j]) and sel_beta == beta
+    assert sel_risk == float(rows[j][3])
+    n_train, step_tau, acceptance, eta = numbers(
+        r"SetGRPO step on (\d+) training groups at tau = ([\d.]+): acceptance rate ([\d.]+),"
+        r"\nmean recovery ratio eta\* ([\d.]+) over the accepted groups", text)
+    assert step_tau == tau_sel and n_train > 0
+    assert 0.0 < acceptance <= 1.0 and 0.0 <= eta <= 1.0
+    # the training groups are exchangeable with the risk-calibration groups
+    p = n_acc[j] / n_risk
+    assert abs(acceptance - p) <= Z * math.sqrt(p * (1 - p) * (1 / n_train + 1 / n_risk))
+
+
+def test_demo_out_writes_the_figures(tmp_path, demo_out):
+    pytest.importorskip("matplotlib")
+    out_dir = tmp_path / "figures" / "new"  # created, parents too
+    out = run_demo([*DEMO, "--out", str(out_dir)])
+    assert out == demo_out + f"\nfigures written to {out_dir}: {', '.join(FIGURES)}\n"
+    for name in FIGURES:
+        assert (out_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(FIGURES)
+
+
+def demo_error(argv: list[str]) -> str:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    assert code == 2 and out.getvalue() == ""
+    assert err.getvalue().count("\n") == 1 and "Traceback" not in err.getvalue()
+    assert err.getvalue().startswith("advcal demo: error: ")
+    return err.getvalue()
+
+
+def test_demo_out_without_matplotlib_is_one_error_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
+    err = demo_error([*DEMO, "--out", str(tmp_path / "figs")])
+    assert "--out needs matplotlib, which is not installed (pip install 'advcal[plot]')" in err
+    assert not (tmp_path / "figs").exists()
+
+
+def test_demo_out_that_cannot_be_a_directory(tmp_path):
+    pytest.importorskip("matplotlib")
+    blocker = tmp_path / "file"
+    blocker.write_text("x", encoding="utf-8")
+    err = demo_error([*DEMO, "--out", str(blocker / "figs")])
+    assert f"cannot create the figure directory {blocker / 'figs'}" in err
+
+
+def test_demo_rejects_a_negative_seed(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--seed", "-1"])
+    assert exc.value.code == 2
+    assert "invalid seed -1: must be >= 0" in capsys.readouterr().err
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bars_only_on_a_terminal_and_without_no_progress():
+    assert _progress_enabled(False, Terminal())
+    assert not _progress_enabled(True, Terminal())
+    assert not _progress_enabled(False, io.StringIO())
+    assert not _progress_enabled(False, object())  # no isatty at all
+
+
+def test_progress_bar_draws_and_erases_itself():
+    stream = Terminal()
+    with _Bar("work", 4, stream, enabled=True) as bar:
+        bar.describe("step one")
+        for _ in range(4):
+            bar.advance()
+    text = stream.getvalue()
+    frames = text.split("\r")
+    assert frames[1].startswith("work [------------------------]   0%")
+    assert frames[2].startswith("work [------------------------]   0%") and "step one" in frames[2]
+    # advances within 0.1 s of a drawing are throttled; the last one always draws
+    assert frames[-3].startswith("work [########################] 100%")
+    assert all(f.startswith("work [") and "step one" in f for f in frames[2:-2])
+    assert frames[-2].strip() == "" and frames[-1] == ""  # erased: the line is blank again
+    silent = io.StringIO()
+    with _Bar("work", 4, silent, enabled=False) as bar:
+        bar.advance(4)
+    assert silent.getvalue() == ""
+
+
+def test_demo_on_a_terminal_shows_progress_on_stderr_only(demo_out):
+    err = Terminal()
+    out = run_demo(["demo", "--seed", "1"], stderr=err)
+    for label in ("advantages [", "scale diagnostics [", "conformal coverage [", "SetGRPO [",
+                  "SRGO tau"):
+        assert label in err.getvalue(), label
+    assert "\r" not in out and "[#" not in out
+    # another seed: the same sections, other simulated numbers
+    assert out != demo_out
+    assert [line[:20] for line in out.splitlines() if line.startswith("SetGRPO")] == [
+        line[:20] for line in demo_out.splitlines() if line.startswith("SetGRPO")]
 
 
 # --------------------------------------------------------------------------- good files
