@@ -1,5 +1,6 @@
-"""The ``advcal`` command line: ``advcal demo`` (a tour on built-in data) and
-``advcal diagnose FILE`` (scale diagnostics of a reward log).
+"""The ``advcal`` command line: ``advcal demo`` (a tour on built-in data: estimators, the
+scale-diagnostics table, conformal coverage and a SetGRPO run) and ``advcal diagnose FILE``
+(scale diagnostics of a reward log).
 
 Each subcommand is a ``(name, help, add_arguments, run)`` entry in ``_COMMANDS``;
 ``run`` returns the process exit code: 0 on success, 2 for a bad file or option (one
@@ -49,8 +50,8 @@ class _DemoSizes(NamedTuple):
     train: int  # training groups of the SetGRPO step
 
 
-# These sizes keep the whole `advcal demo` far under 30 s on two cores with the Numba kernels
-# cached (3 s measured); the very first run compiles the kernels, about 20 s more.
+# These sizes keep the whole `advcal demo` far under 30 s on two cores: 3 s measured with the
+# Numba kernels cached (4.3 s with --out), 24 s on the very first run, which compiles them.
 _DEMO_SIZES = _DemoSizes(coverage_splits=2000, coverage_tests=100, set_calibration=2000,
                          set_coverage=4000, risk_calibration=8000, train=2000)
 

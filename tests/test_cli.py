@@ -280,7 +280,8 @@ def test_progress_bar_draws_and_erases_itself():
     assert silent.getvalue() == ""
 
 
-def test_demo_on_a_terminal_shows_progress_on_stderr_only(demo_out):
+def test_demo_on_a_terminal_shows_progress_on_stderr_only(demo_out, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # bars are cut to the terminal width
     err = Terminal()
     out = run_demo(["demo", "--seed", "1"], stderr=err)
     for label in ("advantages [", "scale diagnostics [", "conformal coverage [", "SetGRPO [",
