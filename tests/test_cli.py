@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from advcal import scale_diagnostics
-from advcal.cli import _Bar, _progress_enabled, demo_diagnostics, main
+from advcal.cli import _Bar, _print_setgrpo, _progress_enabled, demo_diagnostics, demo_setgrpo, main
 
 GROUPS = ["p1"] * 4 + ["p2"] * 4 + ["p3"] * 3
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.7, 0.7001, 0.7, 0.6999, 0.5, 0.5, 0.5]
@@ -204,6 +204,19 @@ def test_demo_setgrpo_run(demo_out):
     # the training groups are exchangeable with the risk-calibration groups
     p = n_acc[j] / n_risk
     assert abs(acceptance - p) <= Z * math.sqrt(p * (1 - p) * (1 / n_train + 1 / n_risk))
+
+
+def test_demo_setgrpo_report_when_no_threshold_is_certified(capsys):
+    run = demo_setgrpo(0)
+    sel = run.selection._replace(tau_sel=None, feasible=np.zeros_like(run.selection.feasible))
+    step = run.step._replace(accepted=np.zeros_like(run.step.accepted),
+                             eta=np.zeros_like(run.step.eta))
+    _print_setgrpo(run._replace(selection=sel, step=step))
+    out = capsys.readouterr().out
+    assert "selected tau: none (no threshold is certified; SetGRPO rejects every group)." in out
+    assert "at tau = none: acceptance rate 0.0000," in out
+    assert "mean recovery ratio eta* n/a over the accepted groups." in out
+    assert "yes" not in out
 
 
 def test_demo_out_writes_the_figures(tmp_path, demo_out):
