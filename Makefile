@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 STAMP_DOCS := $(VENV)/.installed-docs
+STAMP_TORCH := $(VENV)/.installed-torch
+# advcal.torch (an optional extra) is tested where the machine carries a CPU build of torch
+# as a local wheel; nothing is downloaded for it otherwise and its tests are skipped.
+TORCH_WHEEL := $(firstword $(wildcard /opt/wheels/torch-*+cpu-*.whl))
 
 .PHONY: demo test lint typecheck pytest bench docs clean
 
@@ -29,7 +33,13 @@ lint: $(STAMP_DEV)
 typecheck: $(STAMP_DEV)
 	$(BIN)/mypy
 
-pytest: $(STAMP_DEV)
+$(STAMP_TORCH): | $(STAMP_DEV)
+ifneq ($(TORCH_WHEEL),)
+	-$(BIN)/pip install -q "$(TORCH_WHEEL)"
+endif
+	touch $@
+
+pytest: $(STAMP_DEV) $(STAMP_TORCH)
 	$(BIN)/python -m pytest advcal tests
 
 test: lint typecheck pytest
