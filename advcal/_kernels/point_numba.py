@@ -289,19 +289,10 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit):
     return out, scale, amax, bool((amax <= limit).all())
 
 
-@njit(cache=True)
-def _group_moments(x, offsets, omit_nan, count, mean, ss):
-    for q in range(offsets.size - 1):
-        n, shift, m, s = _moments(x[offsets[q]:offsets[q + 1]], omit_nan)
-        count[q] = n
-        mean[q] = shift + m
-        ss[q] = s
-
-
 def group_moments(x, offsets, omit_nan):
-    n_groups = offsets.size - 1
-    count = np.empty(n_groups, dtype=np.int64)
-    mean = np.empty(n_groups)
-    ss = np.empty(n_groups)
-    _group_moments(x, offsets, omit_nan, count, mean, ss)
-    return count, mean, ss
+    """Per-group (count, mean, sum of squared deviations): the statistics pass of
+    center_scale, reused for the batch-wide std of batch_std."""
+    count, shift, mean, ss = np.empty((4, offsets.size - 1))
+    statistics = _statistics_parallel if x.size >= PARALLEL_MIN_SIZE else _statistics_serial
+    statistics(x, offsets, omit_nan, count, shift, mean, ss)
+    return count.astype(np.int64), shift + mean, ss
