@@ -86,9 +86,8 @@ def _limit(call: _Call) -> float:
     return _DTYPE_MAX[call.batch.values.dtype]
 
 
-def _finish(call: _Call, result: tuple[np.ndarray, np.ndarray, np.ndarray, bool]
-            ) -> np.ndarray:
-    out, _, _, ok = result
+def _finish(call: _Call, result: tuple[np.ndarray, bool]) -> np.ndarray:
+    out, ok = result
     # Not ok: a group held a non-finite reward (its amax is NaN) or an advantage
     # overflowed the output dtype; find out which, on this error path only.
     if not ok:

@@ -132,19 +132,19 @@ def _protocol_iv(resolution: Any, bounds: Any, clip: Any) -> _Protocol:
     return _Protocol(lo, hi, clip, delta, inv_delta, kmax, True)
 
 
-def _check_finite_and_bounds(batch: Batch, protocol: _Protocol, omit: bool,
-                             flag: np.ndarray, rmin: np.ndarray, rmax: np.ndarray) -> None:
-    # flag is NaN where a group held a non-finite (valid) reward: one O(B) check.
-    if flag.size and not np.isfinite(flag).all():
+def _check_finite_and_bounds(batch: Batch, protocol: _Protocol, omit: bool, ok: bool,
+                             in_bounds: bool) -> None:
+    # The kernels report whether a group held a non-finite valid reward (not ok) and
+    # whether a valid reward left the bounds; the values for the message are found here.
+    if not ok:
         raise_bad_values(batch.values, omit)
-    if protocol.bounded and not protocol.clip and rmin.size:
-        low = float(rmin.min())
-        high = float(rmax.max())
-        if low < protocol.lo or high > protocol.hi:
-            raise ValueError(
-                f"`rewards` must lie in `bounds` [{protocol.lo!r}, {protocol.hi!r}]; "
-                f"got values in [{low!r}, {high!r}] (pass clip=True to clip them)."
-            )
+    if protocol.bounded and not protocol.clip and not in_bounds:
+        low = float(np.nanmin(batch.values))
+        high = float(np.nanmax(batch.values))
+        raise ValueError(
+            f"`rewards` must lie in `bounds` [{protocol.lo!r}, {protocol.hi!r}]; "
+            f"got values in [{low!r}, {high!r}] (pass clip=True to clip them)."
+        )
 
 
 def resolve_rewards(
@@ -220,11 +220,11 @@ def resolve_rewards(
     check_choice(backend, "backend", BACKENDS)
     batch = as_batch(rewards, offsets, group_ids)
     omit = nan_policy == "omit"
-    out, keep, rmin, rmax, flag = engine("maxnorm", backend).resolve(
+    out, keep, ok, in_bounds = engine("maxnorm", backend).resolve(
         batch.values, batch.offsets, protocol.lo, protocol.hi, protocol.clip,
         protocol.delta, protocol.inv_delta, protocol.kmax, omit,
     )
-    _check_finite_and_bounds(batch, protocol, omit, flag, rmin, rmax)
+    _check_finite_and_bounds(batch, protocol, omit, ok, in_bounds)
     return ResolvedRewards(batch.restore(out), keep)
 
 
@@ -274,17 +274,21 @@ def _maxnorm_groups(
     singleton: str = "zero",
     nan_policy: str = "raise",
     backend: str = "numba",
+    per_group: bool = True,
 ) -> _MaxNormOutput:
-    """:func:`maxnorm` with every per-group output, for the diagnostics (not public)."""
+    """:func:`maxnorm` with the per-group outputs, for the diagnostics (not public).
+
+    ``per_group=False`` skips ``scale`` and ``keep`` (empty then): one write per group less.
+    """
     batch, tau, loo, dead, raw, protocol, omit, engine = _maxnorm_iv(
         rewards, offsets, group_ids, tau_res, baseline, resolution, dead_zone, bounds,
         clip, singleton, nan_policy, backend,
     )
-    out, scale, amax, keep, rmin, rmax = engine.maxnorm(
+    out, scale, keep, ok, in_bounds = engine.maxnorm(
         batch.values, batch.offsets, tau, loo, dead, raw, protocol.lo, protocol.hi,
-        protocol.clip, protocol.delta, protocol.inv_delta, protocol.kmax, omit,
+        protocol.clip, protocol.delta, protocol.inv_delta, protocol.kmax, omit, per_group,
     )
-    _check_finite_and_bounds(batch, protocol, omit, amax, rmin, rmax)
+    _check_finite_and_bounds(batch, protocol, omit, ok, in_bounds)
     return _MaxNormOutput(batch, out, scale, keep)
 
 
@@ -410,7 +414,7 @@ def maxnorm(
     result = _maxnorm_groups(
         rewards, offsets, group_ids=group_ids, tau_res=tau_res, baseline=baseline,
         resolution=resolution, dead_zone=dead_zone, bounds=bounds, clip=clip,
-        singleton=singleton, nan_policy=nan_policy, backend=backend,
+        singleton=singleton, nan_policy=nan_policy, backend=backend, per_group=return_scale,
     )
     weights = result.batch.restore(result.flat)
     if return_scale:

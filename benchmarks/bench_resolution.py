@@ -60,8 +60,9 @@ def numpy_resolve_ragged(x: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray
 def _maxnorm_kernel(x: np.ndarray, offsets: np.ndarray, resolution: float = 0.0) -> object:
     inv = 1.0 / resolution if resolution else 0.0
     lo, hi = (0.0, 1.0) if resolution else (-math.inf, math.inf)
+    # per_group=False: no per-group scale/keep, as the public call without return_scale
     return maxnorm_numba.maxnorm(x, offsets, TAU, True, 0.0, False, lo, hi, False, resolution,
-                                 inv, round(inv), False)
+                                 inv, round(inv), False, False)
 
 
 def _resolve_kernel(x: np.ndarray, offsets: np.ndarray) -> object:

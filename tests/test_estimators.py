@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from unittest import mock
+
 import numba
 import numpy as np
 import pytest
@@ -21,8 +24,8 @@ from advcal import (
     reinforce_pp_baseline,
     rloo,
 )
-from advcal._kernels import point_numba
-from advcal._kernels.modes import GRPO
+from advcal._kernels import point_numba, pool
+from advcal._kernels.modes import DR, FIXED, GRPO, RLOO
 from tests.strategies import FLOAT_DTYPES, dense_batches, ragged_batches
 
 POINT_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp_baseline", "opo",
@@ -127,6 +130,23 @@ def test_zero_variance_groups_give_exact_zeros(backend, dtype, value, name):
             continue
         assert (out[: constant.size] == 0.0).all()
         assert not np.isnan(out).any()
+
+
+@pytest.mark.parametrize("first", ["outlier", "typical"])
+def test_std_is_accurate_when_the_first_reward_is_an_outlier(backend, first):
+    # The kernels shift each group by its first reward.  A lone outlier in first place
+    # puts the shift far in the tail: a one-pass sum of squares would lose log2(n) bits
+    # (here 17, ~1e-11 relative), so the kernel must notice and sum around the mean.
+    rng = np.random.default_rng(3)
+    n = 100_000
+    rewards = rng.random(n)
+    if first == "outlier":
+        rewards[0] = 1e3
+    exact_mean = math.fsum(rewards) / n
+    exact_std = math.sqrt(math.fsum((r - exact_mean) ** 2 for r in rewards) / (n - 1))
+    out = grpo(rewards[None, :], eps=0.0, backend=backend)[0]
+    std = (rewards[1] - rewards[2]) / (out[1] - out[2])
+    assert abs(std - exact_std) <= 2e-14 * exact_std
 
 
 def test_float32_point_one_is_exactly_zero_like_the_issue_says(backend):
@@ -324,12 +344,12 @@ def test_dense_equals_ragged(rewards, name):
 # ---------------------------------------------------------------- threads and caching
 
 
-def test_parallel_kernel_is_bitwise_identical_for_any_thread_count():
+def test_threaded_kernel_is_bitwise_identical_for_any_thread_count():
     rng = np.random.default_rng(7)
     sizes = rng.integers(0, 40, size=12_000)
     offsets = offsets_from_sizes(sizes)
     x = rng.normal(size=int(offsets[-1]))
-    assert x.size >= point_numba.PARALLEL_MIN_SIZE  # the threaded kernel runs
+    assert x.size >= 2 * pool.MIN_VALUES_PER_THREAD  # chunks run on threads by size
     args = (x, offsets, GRPO, 1e-6, 1, False, False, 1.0, np.inf)
     previous = numba.get_num_threads()
     try:
@@ -344,9 +364,59 @@ def test_parallel_kernel_is_bitwise_identical_for_any_thread_count():
         assert result.tobytes() == serial.tobytes()
 
 
+@given(batch=ragged_batches(min_size=0), mode=st.sampled_from([DR, GRPO, RLOO, FIXED]),
+       omit=st.booleans(), raw=st.booleans())
+def test_chunks_on_threads_equal_one_chunk_bitwise(batch, mode, omit, raw):
+    # Forced chunking on small batches: chunk edges fall on empty groups, singletons and
+    # groups of 32+ (where a second compiled copy of a kernel would round differently).
+    x, offsets = batch.values, batch.offsets
+    assume(x.size == 0 or np.isfinite(x[~np.isnan(x)]).all())
+    with mock.patch.object(pool, "n_threads", lambda: 3):  # 3 chunks on any machine
+        runs = {
+            "center_scale": lambda t: point_numba.center_scale(
+                x, offsets, mode, 1e-6, 1, raw, omit, 2.0, np.inf, threaded=t)[0],
+            "opo": lambda t: point_numba.opo(x, np.ones(x.size), offsets, raw, omit, np.inf,
+                                             threaded=t)[0],
+            "passk": lambda t: point_numba.passk(x, offsets, 1e-6, 1, raw, omit, np.inf,
+                                                 threaded=t)[0],
+            "group_moments": lambda t: np.concatenate(
+                [np.asarray(a, dtype=float) for a in point_numba.group_moments(
+                    x, offsets, omit, threaded=t)]),
+        }
+        for name, run in runs.items():
+            assert run(True).tobytes() == run(False).tobytes(), name
+
+
+@pytest.mark.parametrize("where", [0, 45, 99])
+def test_a_bad_group_in_any_chunk_is_flagged(where):
+    x = np.linspace(0.0, 1.0, 100)
+    x[where] = np.nan
+    offsets = offsets_from_sizes([10] * 10)
+    with mock.patch.object(pool, "n_threads", lambda: 3):
+        for threaded in (True, False):
+            assert not point_numba.center_scale(x, offsets, GRPO, 1e-6, 1, False, False, 1.0,
+                                                np.inf, threaded=threaded)[1]
+            assert not point_numba.opo(x, np.ones(100), offsets, False, False, np.inf,
+                                       threaded=threaded)[1]
+            assert not point_numba.passk(x, offsets, 1e-6, 1, False, False, np.inf,
+                                         threaded=threaded)[1]
+
+
+def test_chunks_cut_between_whole_groups_with_equal_rewards():
+    offsets = offsets_from_sizes([10, 0, 0, 30, 5, 5, 0, 50])
+    assert pool.chunk_bounds(offsets, 2).tolist() == [0, 6, 8]  # 50 rewards and 50
+    assert pool.chunk_bounds(offsets, 1).tolist() == [0, 8]
+    # no boundary at the half: the nearest one (40 | 60), not the next one (100 | 0)
+    assert pool.chunk_bounds(offsets_from_sizes([10, 30, 60]), 2).tolist() == [0, 2, 3]
+    assert pool.chunk_bounds(offsets_from_sizes([25] * 4), 4).tolist() == [0, 1, 2, 3, 4]
+    # more chunks than groups: a group is never split
+    assert pool.chunk_bounds(offsets_from_sizes([7]), 4).tolist() == [0, 1]
+    assert pool.chunk_bounds(np.zeros(1, dtype=np.int64), 4).tolist() == [0]
+
+
 def test_kernels_are_cached_on_disk():
-    for name in ("_statistics_serial", "_statistics_parallel", "_divisors_serial",
-                 "_write_parallel", "_write_omit_serial", "_opo_serial", "_passk_serial"):
+    for name in ("_statistics_kernel", "_center_scale_kernel", "_opo_kernel",
+                 "_passk_kernel"):
         dispatcher = getattr(point_numba, name)
         assert dispatcher._cache.__class__.__name__ == "FunctionCache"
 

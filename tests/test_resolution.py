@@ -4,6 +4,7 @@ guarantee as a property, kernel == numpy reference, layouts, bad input."""
 from __future__ import annotations
 
 from fractions import Fraction
+from unittest import mock
 
 import numba
 import numpy as np
@@ -20,7 +21,7 @@ from advcal import (
     offsets_from_sizes,
     resolve_rewards,
 )
-from advcal._kernels import maxnorm_numba, maxnorm_numpy
+from advcal._kernels import maxnorm_numba, maxnorm_numpy, pool
 from tests.checks import own_error_or_result
 from tests.strategies import (
     FLOAT_DTYPES,
@@ -494,13 +495,13 @@ def test_ids_path_equals_offsets_path(batch: RaggedBatch, options, seed):
     np.testing.assert_array_equal(res_ids.keep, res_off.keep[nonempty[np.argsort(first)]])
 
 
-def test_kernels_agree_bitwise_for_any_thread_count_and_with_the_serial_copy():
+def test_kernels_agree_bitwise_for_any_thread_count():
     rng = np.random.default_rng(7)
-    sizes = rng.integers(0, 40, size=4000)
+    sizes = rng.integers(0, 40, size=8000)
     values = rng.random(int(sizes.sum()))
     values[rng.random(values.size) < 0.2] = 0.5
     offsets = offsets_from_sizes(sizes)
-    assert values.size >= maxnorm_numba.PARALLEL_MIN_SIZE  # the threaded kernels run
+    assert values.size >= 2 * pool.MIN_VALUES_PER_THREAD  # chunks run on threads by size
     # dead zone 0.00237 lies off the grid of binned differences, so no |u| sits on its edge
     args = (values, offsets, 0.01, True, 0.00237, False, 0.0, 1.0, False, 0.01, 100.0, 100.0,
             False)
@@ -513,26 +514,58 @@ def test_kernels_agree_bitwise_for_any_thread_count_and_with_the_serial_copy():
             runs.append((maxnorm_numba.maxnorm(*args), maxnorm_numba.resolve(*resolve_args)))
     finally:
         numba.set_num_threads(previous)
-    outputs = [np.empty_like(values)] + [np.empty(sizes.size) for _ in range(2)] \
-        + [np.empty(sizes.size, dtype=bool)] + [np.empty(sizes.size) for _ in range(2)]
-    maxnorm_numba._maxnorm_serial(*args, *outputs)
-    resolved = [np.empty_like(values), np.empty(sizes.size, dtype=bool)] \
-        + [np.empty(sizes.size) for _ in range(3)]
-    maxnorm_numba._resolve_serial(*resolve_args, *resolved)
-    for parallel, parallel_resolved in runs:
-        for a, b in zip(outputs, parallel, strict=True):
-            assert a.tobytes() == b.tobytes()
-        for a, b in zip(resolved, parallel_resolved, strict=True):
-            assert a.tobytes() == b.tobytes()
+    one_chunk = maxnorm_numba.maxnorm(*args, threaded=False)
+    one_chunk_resolved = maxnorm_numba.resolve(*resolve_args, threaded=False)
+    for threaded, threaded_resolved in runs:
+        for a, b in zip(one_chunk, threaded, strict=True):
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+        for a, b in zip(one_chunk_resolved, threaded_resolved, strict=True):
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     reference = maxnorm_numpy.maxnorm(*args)
-    np.testing.assert_allclose(outputs[0], reference[0], rtol=0, atol=1e-12)
-    np.testing.assert_array_equal(outputs[3], reference[3])
-    np.testing.assert_array_equal(resolved[0], maxnorm_numpy.resolve(*resolve_args)[0])
+    np.testing.assert_allclose(one_chunk[0], reference[0], rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(one_chunk[2], reference[2])
+    np.testing.assert_array_equal(one_chunk_resolved[0], maxnorm_numpy.resolve(*resolve_args)[0])
+
+
+@given(batch=ragged_batches(min_size=0), resolution=st.sampled_from([0.0, 0.01]),
+       omit=st.booleans(), raw=st.booleans(), per_group=st.booleans())
+def test_chunks_on_threads_equal_one_chunk_bitwise(batch, resolution, omit, raw, per_group):
+    x, offsets = batch.values, batch.offsets
+    inv = 1.0 / resolution if resolution else 0.0
+    lo, hi = (-1e3, 1e3) if resolution else (-np.inf, np.inf)
+    args = (x, offsets, 0.01, True, 0.0, raw, lo, hi, False, resolution, inv,
+            2e3 * inv, omit, per_group)
+    resolve_args = (x, offsets, -1e3, 1e3, False, resolution, inv, 2e3 * inv, omit)
+    with mock.patch.object(pool, "n_threads", lambda: 3):  # 3 chunks on any machine
+        for run in (lambda t: maxnorm_numba.maxnorm(*args, threaded=t),
+                    lambda t: maxnorm_numba.resolve(*resolve_args, threaded=t)):
+            for a, b in zip(run(True), run(False), strict=True):
+                assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+@pytest.mark.parametrize("where", [0, 45, 99])
+@pytest.mark.parametrize("resolution", [0.0, 0.01])
+def test_a_bad_or_out_of_bounds_group_in_any_chunk_is_found(where, resolution):
+    x = np.linspace(0.0, 1.0, 100)
+    offsets = offsets_from_sizes([10] * 10)
+    inv = 1.0 / resolution if resolution else 0.0
+    args = (offsets, 0.01, True, 0.0, False, 0.0, 1.0, False, resolution, inv, inv, False)
+    resolve_args = (offsets, 0.0, 1.0, False, resolution, inv, inv, False)
+    with mock.patch.object(pool, "n_threads", lambda: 3):
+        for threaded in (True, False):
+            assert maxnorm_numba.maxnorm(x, *args, threaded=threaded)[3:] == (True, True)
+            assert maxnorm_numba.resolve(x, *resolve_args, threaded=threaded)[2:] == (True, True)
+            for value, expected in ((-5.0, (True, False)), (1.5, (True, False)),
+                                    (np.inf, (False, False)), (np.nan, (False, True))):
+                spoiled = x.copy()
+                spoiled[where] = value
+                assert maxnorm_numba.maxnorm(spoiled, *args, threaded=threaded)[3:] == expected
+                assert maxnorm_numba.resolve(spoiled, *resolve_args,
+                                             threaded=threaded)[2:] == expected
 
 
 def test_kernels_are_cached_on_disk():
-    for name in ("_maxnorm_serial", "_maxnorm_parallel", "_resolve_serial",
-                 "_resolve_parallel"):
+    for name in ("_maxnorm_kernel", "_resolve_kernel"):
         assert getattr(maxnorm_numba, name)._cache.__class__.__name__ == "FunctionCache"
 
 

@@ -15,9 +15,9 @@ Shared arguments (validated by ``advcal.resolution``):
 * ``omit_nan``: NaN rewards are left out of the group and get 0 (``maxnorm``) or stay
   NaN (``resolve``).
 
-Per-group outputs used by the wrappers for O(B) checks: ``rmin``/``rmax`` (smallest and
-largest valid raw reward, ``+inf``/``-inf`` for an empty group) for the bounds check, and
-a flag that is NaN when a group held a non-finite valid reward.
+Besides the rewards or weights, both functions return what the wrappers check: ``ok``
+(false when a group held a non-finite valid reward) and ``in_bounds`` (false when a
+valid reward lies outside ``[lo, hi]``).
 """
 
 from __future__ import annotations
@@ -51,12 +51,18 @@ def _extremes(r):
     return float(np.min(r)), float(np.max(r))
 
 
+def _checks(flag, rmin, rmax, lo, hi):
+    """(ok, in_bounds) from per-group flags (NaN: non-finite) and extremes."""
+    return (bool(np.isfinite(flag).all()),
+            bool(rmin.min(initial=np.inf) >= lo and rmax.max(initial=-np.inf) <= hi))
+
+
 def _flag(r):
     return 0.0 if np.isfinite(r).all() else np.nan
 
 
 def resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan):
-    """Binned rewards (NaN kept where omitted), ``keep``, ``rmin``, ``rmax``, ``flag``."""
+    """Binned rewards (NaN kept where omitted), ``keep``, ``ok``, ``in_bounds``."""
     n_groups = offsets.size - 1
     out = np.empty_like(x)
     keep = np.zeros(n_groups, dtype=np.bool_)
@@ -71,17 +77,17 @@ def resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan):
         group[valid] = b
         out[sl] = group
         keep[q] = b.size >= 2 and np.min(b) != np.max(b)
-    return out, keep, rmin, rmax, flag
+    return (out, keep, *_checks(flag, rmin, rmax, lo, hi))
 
 
 def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta,
-            inv_delta, kmax, omit_nan):
-    """MaxNorm-AC weights, ``scale`` s_q, ``amax`` (max |w|, NaN if non-finite),
-    ``keep``, ``rmin``, ``rmax``."""
+            inv_delta, kmax, omit_nan, per_group=True):
+    """MaxNorm-AC weights, ``scale`` s_q, ``keep``, ``ok``, ``in_bounds`` (``per_group``
+    is the numba engine's option to skip scale and keep; computed here all the same)."""
     n_groups = offsets.size - 1
     out = np.zeros_like(x)
     scale = np.full(n_groups, tau)
-    amax = np.zeros(n_groups)
+    flag = np.zeros(n_groups)  # NaN: a non-finite reward or max |u|
     keep = np.zeros(n_groups, dtype=np.bool_)
     rmin = np.full(n_groups, np.inf)
     rmax = np.full(n_groups, -np.inf)
@@ -89,7 +95,7 @@ def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta
         n = r.size
         rmin[q], rmax[q] = _extremes(r)
         if not np.isfinite(r).all():
-            amax[q] = np.nan
+            flag[q] = np.nan
             continue
         b = _bin(r, lo, hi, clip, delta, inv_delta, kmax)
         keep[q] = n >= 2 and np.min(b) != np.max(b)
@@ -107,6 +113,5 @@ def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta
             w = np.clip(u / s, -1.0, 1.0)
         scale[q] = s
         out[sl][valid] = w
-        m = float(np.max(np.abs(u)))
-        amax[q] = m / s if np.isfinite(m) else np.nan
-    return out, scale, amax, keep, rmin, rmax
+        flag[q] = _flag(np.max(np.abs(u)))
+    return (out, scale, keep, *_checks(flag, rmin, rmax, lo, hi))

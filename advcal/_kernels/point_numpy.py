@@ -36,13 +36,13 @@ def _centered(r):
 
 
 def _outputs(x, offsets):
-    n_groups = offsets.size - 1
-    return np.zeros_like(x), np.full(n_groups, np.nan), np.zeros(n_groups)
+    """The advantages (0 unless written) and each group's magnitude (0 unless written)."""
+    return np.zeros_like(x), np.zeros(offsets.size - 1)
 
 
 @_quiet
 def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit):
-    out, scale, amax = _outputs(x, offsets)
+    out, amax = _outputs(x, offsets)
     for q, sl, valid, r in _groups(x, offsets, omit_nan):
         n = r.size
         if n == 0 or (n == 1 and not raw_singletons):
@@ -61,19 +61,18 @@ def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
                 s = divisor
             else:
                 s = 1.0
-        scale[q] = s
         if s == 0.0 or np.isnan(s):
             amax[q] = _flag(r)
             continue
         a = u / s
         out[sl][valid] = a
         amax[q] = np.sum(a * a)  # the group's squared L2 norm, as the numba engine reports
-    return out, scale, amax, bool((amax <= limit * limit).all())
+    return out, bool((amax <= limit * limit).all())
 
 
 @_quiet
 def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
-    out, scale, amax = _outputs(x, offsets)
+    out, amax = _outputs(x, offsets)
     for q, sl, valid, r in _groups(x, offsets, omit_nan):
         n = r.size
         if n == 0 or (n == 1 and not raw_singletons):
@@ -85,15 +84,14 @@ def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
             w = weights[sl][valid]
             d = r - r[0]
             a = d - np.sum(w * d) / np.sum(w)
-        scale[q] = 1.0
         out[sl][valid] = a
         amax[q] = np.max(np.abs(a))
-    return out, scale, amax, bool((amax <= limit).all())
+    return out, bool((amax <= limit).all())
 
 
 @_quiet
 def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit):
-    out, scale, amax = _outputs(x, offsets)
+    out, amax = _outputs(x, offsets)
     for q, sl, valid, r in _groups(x, offsets, omit_nan):
         n = r.size
         if not np.isfinite(r).all():
@@ -107,14 +105,12 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit):
             a = r[0] / s
         else:
             s = np.sqrt(np.sum(_centered(r) ** 2) / (n - ddof)) + eps if n > ddof else eps
-            scale[q] = s
             if s == 0.0:
                 continue
             a = (r[best] - np.sort(r)[-2]) / s
-        scale[q] = s
         out[sl][np.flatnonzero(valid)[best]] = a
         amax[q] = abs(a)
-    return out, scale, amax, bool((amax <= limit).all())
+    return out, bool((amax <= limit).all())
 
 
 @_quiet
