@@ -346,7 +346,7 @@ def test_dense_equals_ragged(rewards, name):
 
 def test_threaded_kernel_is_bitwise_identical_for_any_thread_count():
     rng = np.random.default_rng(7)
-    sizes = rng.integers(0, 40, size=12_000)
+    sizes = rng.integers(0, 40, size=30_000)
     offsets = offsets_from_sizes(sizes)
     x = rng.normal(size=int(offsets[-1]))
     assert x.size >= 2 * pool.MIN_VALUES_PER_THREAD  # chunks run on threads by size

@@ -497,7 +497,7 @@ def test_ids_path_equals_offsets_path(batch: RaggedBatch, options, seed):
 
 def test_kernels_agree_bitwise_for_any_thread_count():
     rng = np.random.default_rng(7)
-    sizes = rng.integers(0, 40, size=8000)
+    sizes = rng.integers(0, 40, size=30_000)
     values = rng.random(int(sizes.sum()))
     values[rng.random(values.size) < 0.2] = 0.5
     offsets = offsets_from_sizes(sizes)

@@ -23,9 +23,12 @@ reductions, which LLVM leaves scalar).  Finiteness is never read off a float sum
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core.extending import intrinsic
 
 from advcal._kernels.pool import compile_serial, run_over_groups
 
@@ -38,6 +41,30 @@ from advcal._kernels.pool import compile_serial, run_over_groups
 FASTMATH = frozenset({"nsz", "reassoc"})
 
 _NO_BIN = np.int64(1) << 62  # above every bin index: the start of a running minimum
+
+
+def _no_nan(name: str) -> Any:
+    """``name`` (llvm.minnum or llvm.maxnum) of two float64 values, flagged "nnan"."""
+
+    def typing(typingctx, a, b):
+        def codegen(context, builder, signature, args):
+            double = ir.DoubleType()
+            fn = builder.module.declare_intrinsic(name, [double],
+                                                  ir.FunctionType(double, [double, double]))
+            return builder.call(fn, args, fastmath=("nnan", "nsz"))
+
+        return types.float64(types.float64, types.float64), codegen
+
+    typing.__name__ = typing.__qualname__ = name.replace(".", "_") + "_no_nan"
+    return intrinsic(typing)
+
+
+# LLVM vectorizes a running min/max only as minnum/maxnum flagged "nnan"; numba's min and
+# max stay scalar (measured: a group loop with a sum, min and max took 7.1 us on 8192
+# rewards, 2.1 us with these).  A NaN operand gives an unspecified value, so callers test
+# finiteness separately and never branch on a result that a NaN may have reached.
+_min_no_nan = _no_nan("llvm.minnum")
+_max_no_nan = _no_nan("llvm.maxnum")
 
 
 @njit(cache=True)
@@ -312,16 +339,18 @@ def _maxnorm_plain(offsets, scale, keep, x, tau, loo, raw_singletons, lo, hi, ou
         for i in range(n):
             v = np.float64(g[i])
             total += v - shift
-            low = min(low, v)
-            high = max(high, v)
-        n_out += low < lo or high > hi
+            low = _min_no_nan(low, v)
+            high = _max_no_nan(high, v)
+        # No branch below depends on low or high (unspecified after a NaN; then the
+        # total is NaN and the group flagged): & and | instead of "and" and "or".
+        n_out += (low < lo) | (high > hi)
         shift, mean, factor = _centering(n, total, shift, loo, raw_singletons)
         m = _max_abs_u(low, high, shift, mean, factor)
         s = max(m, tau)
         if per_group:
-            keep[q] = n >= 2 and low != high
+            keep[q] = (n >= 2) & (low != high)
             scale[q] = s
-        n_bad += not (_is_finite(total) and _is_finite(m))  # bad reward, or u overflowed
+        n_bad += not (_is_finite(total) & _is_finite(m))  # bad reward, or u overflowed
         for i in range(n):
             u = ((np.float64(g[i]) - shift) - mean) * factor
             o[i] = min(max(u / s, -1.0), 1.0)
