@@ -35,7 +35,7 @@ def _as_counts(values: Any, name: str) -> np.ndarray:
             raise ValueError(f"`{name}` must be finite.")
         if (arr != np.floor(arr)).any():
             raise ValueError(f"`{name}` must hold whole numbers; got a fractional count.")
-        if arr.size and np.abs(arr).max() >= 2.0**53:
+        if arr.size and float(np.abs(arr).max()) >= 2.0**53:  # float16: no cast of 2**53
             raise ValueError(f"`{name}` must be below 2**53.")
         return arr.astype(np.int64)
     raise TypeError(f"`{name}` must be an array of integers; got dtype {arr.dtype}.")

@@ -15,7 +15,7 @@ Every kernel returns ``(n_bad, n_out)`` for the wrapper's O(1) checks: the numbe
 groups with a non-finite valid reward (or an overflowing max |u|), and of groups with a
 valid reward outside ``[lo, hi]``.  Where rewards are binned, the loops keep no float
 min/max: the extremes come from integer bin indices and finiteness from a count of
-``|v| < inf``, so every reduction vectorizes (measured 4x faster than float min/max
+``|v| < inf``, so every reduction vectorizes (measured 3x faster than float min/max
 reductions, which LLVM leaves scalar).  Finiteness is never read off a float sum such as
 ``sum(v - v)``: with "reassoc" LLVM may rewrite it to 0.
 """
@@ -313,7 +313,7 @@ def _maxnorm_binned(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons
 
 def _maxnorm_plain(offsets, scale, keep, x, tau, loo, raw_singletons, lo, hi, out):
     """``_maxnorm`` without binning, clipping, dead zone or omitted NaN: the common call,
-    in two branch-free loops per group (measured 2x faster than the general kernel).
+    in two branch-free loops per group (8192 rewards: 7.5 us, the general kernel 24 us).
 
     A NaN or infinite reward makes the group's sum NaN or infinite (reassociation adds
     the same terms in another order, and no term is subtracted again), so that sum is
