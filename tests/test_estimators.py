@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
 from unittest import mock
 
 import numba
@@ -400,6 +402,25 @@ def test_a_bad_group_in_any_chunk_is_flagged(where):
                                        threaded=threaded)[1]
             assert not point_numba.passk(x, offsets, 1e-6, 1, False, False, np.inf,
                                          threaded=threaded)[1]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_threads_work_in_a_forked_child():
+    # A forked child inherits the pool object but none of its threads: a pool that were
+    # not rebuilt would leave the child's second chunk waiting forever.
+    x = np.random.default_rng(0).random(1 << 20)
+    offsets = np.arange(0, x.size + 1, 16)
+    expected = grpo(x, offsets)  # the parent's pool exists and has run
+    pid = os.fork()
+    if pid == 0:  # child: exit 0 on a correct result, 1 otherwise, killed if it hangs
+        signal.alarm(30)
+        ok = False
+        try:
+            ok = grpo(x, offsets).tobytes() == expected.tobytes()
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
 def test_chunks_cut_between_whole_groups_with_equal_rewards():
