@@ -10,6 +10,7 @@ import numpy as np
 
 import advcal
 from advcal._kernels import ranges_numba
+from advcal._kernels.pool import run_over_groups
 from benchmarks import Case
 
 
@@ -35,6 +36,11 @@ def cases(quick: bool) -> list[Case]:
     sorted_lo = np.sort(lo, axis=1).reshape(-1)
     sorted_hi = np.sort(hi, axis=1).reshape(-1)
     scratch = np.empty(flat_lo.size)
+
+    def dominance_kernel(threaded: bool | None) -> object:
+        return run_over_groups(ranges_numba._dominance_kernel, offsets, (), flat_lo, flat_hi,
+                               sorted_lo, sorted_hi, width, scratch, threaded=threaded)
+
     out = [
         Case(
             f"range_advantages dominance, dense {n_groups} x {width}",
@@ -44,10 +50,8 @@ def cases(quick: bool) -> list[Case]:
                 "advcal (numba), public call": lambda: advcal.range_advantages(lo, hi),
                 "numba engine (sorts + kernel)": lambda: ranges_numba.range_advantages(
                     flat_lo, flat_hi, offsets, 0),
-                "numba kernel only, serial": lambda: ranges_numba._dominance_serial(
-                    flat_lo, flat_hi, offsets, sorted_lo, sorted_hi, width, scratch),
-                "numba kernel only, threads": lambda: ranges_numba._dominance_parallel(
-                    flat_lo, flat_hi, offsets, sorted_lo, sorted_hi, width, scratch),
+                "numba kernel only, one thread": lambda: dominance_kernel(threaded=False),
+                "numba kernel only, threads by size": lambda: dominance_kernel(threaded=None),
                 "numpy (B, G, G) broadcast": lambda: numpy_dominance_dense(lo, hi),
             },
             baseline="numpy O(n^2) reference",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
+import numba
 import numpy as np
 import pytest
 from hypothesis import given
@@ -139,30 +142,73 @@ def test_kernel_matches_the_quadratic_reference(relation, batch):
     np.testing.assert_allclose(fast, slow, rtol=0, atol=_tolerance(lo, hi, lo.dtype))
 
 
+def _group_sizes(kind, rng, n_groups):
+    """Sizes reaching each sorting path: per-group sort (one long group among short
+    ones), +inf-padded rows (similar sizes), numpy's row sort (equal sizes)."""
+    return {
+        "ragged": np.concatenate([[0, 1, 2, 100], rng.integers(0, 40, n_groups)]),
+        "similar": np.concatenate([[0, 1], rng.integers(20, 40, n_groups)]),
+        "dense": np.full(n_groups, 24),
+    }[kind]
+
+
+def _tied_ranges(rng, n):
+    lo = np.round(rng.random(n), 2)  # ties in lo and hi
+    return lo, lo + np.where(rng.random(n) < 0.3, 0.0, np.round(rng.random(n) * 0.3, 2))
+
+
 @pytest.mark.parametrize("relation", RELATIONS)
 @pytest.mark.parametrize("sizes", ["ragged", "similar", "dense"])
-def test_kernel_matches_reference_on_large_batches_any_thread_count(relation, sizes,
-                                                                    monkeypatch):
-    from advcal._kernels import ranges_numba
+def test_kernel_matches_reference_on_every_sorting_path_in_chunks(relation, sizes):
+    from advcal._kernels import pool, ranges_numba
 
     rng = np.random.default_rng(2)
-    # The three sorting paths: per-group sort (one huge group), +inf-padded rows
-    # (similar sizes), numpy's row sort (equal sizes).
-    group_sizes = {
-        "ragged": np.concatenate([[0, 1, 2, 500], rng.integers(0, 40, 300)]),
-        "similar": np.concatenate([[0, 1], rng.integers(20, 40, 300)]),
-        "dense": np.full(300, 24),
-    }[sizes]
-    offsets = offsets_from_sizes(group_sizes)
-    n = int(offsets[-1])
-    lo = np.round(rng.random(n), 2)  # ties in lo and hi
-    hi = lo + np.where(rng.random(n) < 0.3, 0.0, np.round(rng.random(n) * 0.3, 2))
-    serial = range_advantages(lo, hi, offsets, relation=relation)
+    offsets = offsets_from_sizes(_group_sizes(sizes, rng, 300))
+    lo, hi = _tied_ranges(rng, int(offsets[-1]))
+    code = RELATIONS.index(relation)
+    one_chunk = ranges_numba.range_advantages(lo, hi, offsets, code, threaded=False)
     slow = range_advantages(lo, hi, offsets, relation=relation, backend="numpy")
-    np.testing.assert_allclose(serial, slow, rtol=0, atol=1e-12)
-    monkeypatch.setattr(ranges_numba, "PARALLEL_MIN_SIZE", 0)
-    threaded = range_advantages(lo, hi, offsets, relation=relation)
-    np.testing.assert_array_equal(threaded, serial)  # bitwise, whatever the threads
+    np.testing.assert_allclose(one_chunk, slow, rtol=0, atol=1e-12)
+    with mock.patch.object(pool, "n_threads", lambda: 3):  # 3 chunks on any machine
+        chunked = ranges_numba.range_advantages(lo, hi, offsets, code, threaded=True)
+    assert chunked.tobytes() == one_chunk.tobytes()
+
+
+@pytest.mark.parametrize("relation", RELATIONS)
+@pytest.mark.parametrize("sizes", ["ragged", "similar"])
+def test_bitwise_identical_for_any_thread_count(relation, sizes):
+    from advcal._kernels import pool, ranges_numba
+
+    rng = np.random.default_rng(7)
+    offsets = offsets_from_sizes(_group_sizes(sizes, rng, 30_000))
+    lo, hi = _tied_ranges(rng, int(offsets[-1]))
+    assert lo.size >= 2 * pool.MIN_VALUES_PER_THREAD  # chunks run on threads by size
+    code = RELATIONS.index(relation)
+    previous = numba.get_num_threads()
+    try:
+        results = []
+        for threads in range(1, numba.config.NUMBA_NUM_THREADS + 1):
+            numba.set_num_threads(threads)
+            results.append(ranges_numba.range_advantages(lo, hi, offsets, code))
+    finally:
+        numba.set_num_threads(previous)
+    one_chunk = ranges_numba.range_advantages(lo, hi, offsets, code, threaded=False)
+    for result in results:
+        assert result.tobytes() == one_chunk.tobytes()
+
+
+@given(batch=range_batches(dtype=np.float64), relation=st.sampled_from(RELATIONS))
+def test_chunks_on_threads_equal_one_chunk_bitwise(batch, relation):
+    # Forced chunking on small batches: chunk edges fall on empty groups, singletons,
+    # zero-gap groups and long groups.
+    from advcal._kernels import pool, ranges_numba
+
+    lo, hi, offsets = batch
+    code = RELATIONS.index(relation)
+    with mock.patch.object(pool, "n_threads", lambda: 3):
+        chunked = ranges_numba.range_advantages(lo, hi, offsets, code, threaded=True)
+        one_chunk = ranges_numba.range_advantages(lo, hi, offsets, code, threaded=False)
+    assert chunked.tobytes() == one_chunk.tobytes()
 
 
 @pytest.mark.parametrize("backend", ["numba", "numpy"])

@@ -1,9 +1,9 @@
 """Numba kernels for the interval advantages (DESIGN §5); oracle: ``ranges_numpy``.
 
 Kernels trust their inputs: float64 ranges with ``lo <= hi``, finite, CSR ``offsets``.
-Each loops over groups (``prange`` above a size threshold) and writes only its own
-group's slice of the outputs and scratch arrays, so results do not depend on the
-thread count.
+Each is one serial loop over groups that writes only its own groups' slices of the
+outputs; ``pool.run_over_groups`` runs it on chunks of whole groups from several threads
+(from 2**19 responses on), so results do not depend on the thread count.
 
 Dominance in O(n log n) per group (DESIGN §5): sort h and l, prefix sums of the sorted h
 and suffix sums of the sorted l, then for every response
@@ -20,22 +20,15 @@ sums.  Sorting: numpy's vectorized sort of the (B, G) view for equal-size groups
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from advcal._kernels.modes import compile_pair
-
-# Threads only above this many responses.  Measured at 2**18 responses on the shared
-# 2-core test machine: the threaded dominance kernel was 2.3x faster than the serial one
-# while the cores were free, but 2-3x slower (and the padding pass 50x slower) while
-# other jobs kept both cores busy, OpenMP workers waiting for a core.  These passes are
-# light (O(n log n) per group), so threads only pay for batches far beyond a training
-# step's; `test_kernel_matches_reference_on_large_batches_any_thread_count` runs them.
-PARALLEL_MIN_SIZE = 1 << 22
+from advcal._kernels.modes import FASTMATH
+from advcal._kernels.pool import compile_serial, run_over_groups
 
 
-def _sort_groups(x, offsets, out):
+def _sort_groups(offsets, x, out):
     """Copy of ``x`` with each group sorted in place (ragged batches)."""
-    for q in prange(offsets.size - 1):
+    for q in range(offsets.size - 1):
         start = offsets[q]
         stop = offsets[q + 1]
         for t in range(start, stop):
@@ -43,9 +36,10 @@ def _sort_groups(x, offsets, out):
         out[start:stop].sort()
 
 
-def _pad(x, offsets, width, padded):
-    """Ragged groups as the rows of a (B, width) array, +inf past each group's end."""
-    for q in prange(offsets.size - 1):
+def _pad(offsets, padded, x):
+    """Ragged groups as the rows of ``padded`` (one row per group), +inf past each end."""
+    width = padded.shape[1]
+    for q in range(offsets.size - 1):
         start = offsets[q]
         n = offsets[q + 1] - start
         for t in range(n):
@@ -54,57 +48,52 @@ def _pad(x, offsets, width, padded):
             padded[q, t] = np.inf
 
 
-def _unpad(padded, offsets, out):
-    for q in prange(offsets.size - 1):
+def _unpad(offsets, padded, out):
+    for q in range(offsets.size - 1):
         start = offsets[q]
         for t in range(offsets[q + 1] - start):
             out[start + t] = padded[q, t]
 
 
-# Groups handled per prange task: its scratch arrays are allocated once per task.
-_CHUNK = 64
-
-
-def _dominance(lo, hi, offsets, sorted_lo, sorted_hi, max_size, out):
-    n_groups = offsets.size - 1
-    for task in prange((n_groups + _CHUNK - 1) // _CHUNK):
-        below = np.empty(max_size + 1)  # below[c]: sum of the c smallest h
-        above = np.empty(max_size + 1)  # above[c]: sum of the l from the c-th smallest on
-        pos = np.empty(max_size, dtype=np.int64)
-        for q in range(task * _CHUNK, min(n_groups, (task + 1) * _CHUNK)):
-            start = offsets[q]
-            stop = offsets[q + 1]
-            n = stop - start
-            if n == 0:
-                continue
-            # Views of the group: indices from 0 let numba drop its negative-index
-            # wraparound, and LLVM then vectorizes the loops (measured 5x).
-            lo_q = lo[start:stop]
-            hi_q = hi[start:stop]
-            sorted_lo_q = sorted_lo[start:stop]
-            sorted_hi_q = sorted_hi[start:stop]
-            out_q = out[start:stop]
-            # Shift by a member of the group: translation leaves the differences unchanged.
-            ref = lo_q[0]
-            acc = 0.0
-            below[0] = 0.0
-            for t in range(n):
-                acc += sorted_hi_q[t] - ref
-                below[t + 1] = acc
-            acc = 0.0
-            above[n] = 0.0
-            for t in range(n - 1, -1, -1):
-                acc += sorted_lo_q[t] - ref
-                above[t] = acc
-            # c_i = #{h_j < l_i}: Σ_j (l_i − h_j)₊ = c_i·l_i − below[c_i].
-            _lower_bounds(sorted_hi_q, lo_q, n, pos)
-            for i in range(n):
-                out_q[i] = pos[i] * (lo_q[i] - ref) - below[pos[i]]
-            # c'_i = #{l_j <= h_i}: Σ_j (l_j − h_i)₊ = above[c'_i] − (n − c'_i)·h_i.
-            _upper_bounds(sorted_lo_q, hi_q, n, pos)
-            for i in range(n):
-                behind = above[pos[i]] - (n - pos[i]) * (hi_q[i] - ref)
-                out_q[i] = (out_q[i] - behind) / n
+def _dominance(offsets, lo, hi, sorted_lo, sorted_hi, max_size, out):
+    # Scratch for one group at a time, allocated once per call (per chunk of groups).
+    below = np.empty(max_size + 1)  # below[c]: sum of the c smallest h
+    above = np.empty(max_size + 1)  # above[c]: sum of the l from the c-th smallest on
+    pos = np.empty(max_size, dtype=np.int64)
+    for q in range(offsets.size - 1):
+        start = offsets[q]
+        stop = offsets[q + 1]
+        n = stop - start
+        if n == 0:
+            continue
+        # Views of the group: indices from 0 let numba drop its negative-index
+        # wraparound, and LLVM then vectorizes the loops (measured 5x).
+        lo_q = lo[start:stop]
+        hi_q = hi[start:stop]
+        sorted_lo_q = sorted_lo[start:stop]
+        sorted_hi_q = sorted_hi[start:stop]
+        out_q = out[start:stop]
+        # Shift by a member of the group: translation leaves the differences unchanged.
+        ref = lo_q[0]
+        acc = 0.0
+        below[0] = 0.0
+        for t in range(n):
+            acc += sorted_hi_q[t] - ref
+            below[t + 1] = acc
+        acc = 0.0
+        above[n] = 0.0
+        for t in range(n - 1, -1, -1):
+            acc += sorted_lo_q[t] - ref
+            above[t] = acc
+        # c_i = #{h_j < l_i}: Σ_j (l_i − h_j)₊ = c_i·l_i − below[c_i].
+        _lower_bounds(sorted_hi_q, lo_q, n, pos)
+        for i in range(n):
+            out_q[i] = pos[i] * (lo_q[i] - ref) - below[pos[i]]
+        # c'_i = #{l_j <= h_i}: Σ_j (l_j − h_i)₊ = above[c'_i] − (n − c'_i)·h_i.
+        _upper_bounds(sorted_lo_q, hi_q, n, pos)
+        for i in range(n):
+            behind = above[pos[i]] - (n - pos[i]) * (hi_q[i] - ref)
+            out_q[i] = (out_q[i] - behind) / n
 
 
 @njit(cache=True, inline="always")
@@ -142,8 +131,8 @@ def _upper_bounds(sorted_values, x, n, pos):
         pos[i] += 1 if sorted_values[pos[i]] <= x[i] else 0
 
 
-def _midpoint(lo, hi, offsets, out):
-    for q in prange(offsets.size - 1):
+def _midpoint(offsets, lo, hi, out):
+    for q in range(offsets.size - 1):
         start = offsets[q]
         stop = offsets[q + 1]
         n = stop - start
@@ -193,8 +182,8 @@ def _sign_expectation(li, hi_, lj, hj):
     return 1.0 - 2.0 * _sum_cdf(hj - li, wi, wj)
 
 
-def _probabilistic(lo, hi, offsets, out):
-    for q in prange(offsets.size - 1):
+def _probabilistic(offsets, lo, hi, out):
+    for q in range(offsets.size - 1):
         start = offsets[q]
         stop = offsets[q + 1]
         n = stop - start
@@ -223,15 +212,15 @@ def _probabilistic(lo, hi, offsets, out):
             out_q[i] /= n
 
 
-_sort_groups_serial, _sort_groups_parallel = compile_pair(_sort_groups)
-_pad_serial, _pad_parallel = compile_pair(_pad)
-_unpad_serial, _unpad_parallel = compile_pair(_unpad)
-_dominance_serial, _dominance_parallel = compile_pair(_dominance)
-_midpoint_serial, _midpoint_parallel = compile_pair(_midpoint)
-_probabilistic_serial, _probabilistic_parallel = compile_pair(_probabilistic)
+_sort_groups_kernel = compile_serial(_sort_groups, FASTMATH)
+_pad_kernel = compile_serial(_pad, FASTMATH)
+_unpad_kernel = compile_serial(_unpad, FASTMATH)
+_dominance_kernel = compile_serial(_dominance, FASTMATH)
+_midpoint_kernel = compile_serial(_midpoint, FASTMATH)
+_probabilistic_kernel = compile_serial(_probabilistic, FASTMATH)
 
 
-def _sorted_within_groups(x, offsets, max_size, parallel):
+def _sorted_within_groups(x, offsets, max_size, threaded):
     """``x`` with each group sorted (a copy)."""
     sizes = np.diff(offsets)
     if sizes.size and max_size > 1 and (sizes == max_size).all():
@@ -242,29 +231,27 @@ def _sorted_within_groups(x, offsets, max_size, parallel):
     if max_size > 1 and sizes.size * max_size <= 2 * x.size:
         # Similar sizes: pad to (B, max_size) with +inf (sorts last), sort the rows.
         padded = np.empty((sizes.size, max_size))
-        (_pad_parallel if parallel else _pad_serial)(x, offsets, max_size, padded)
+        run_over_groups(_pad_kernel, offsets, (padded,), x, threaded=threaded)
         padded.sort(axis=1)
-        (_unpad_parallel if parallel else _unpad_serial)(padded, offsets, out)
+        run_over_groups(_unpad_kernel, offsets, (padded,), out, threaded=threaded)
         return out
-    (_sort_groups_parallel if parallel else _sort_groups_serial)(x, offsets, out)
+    run_over_groups(_sort_groups_kernel, offsets, (), x, out, threaded=threaded)
     return out
 
 
-def range_advantages(lo, hi, offsets, relation):
-    """A_i = (1/n) Σ_j φ(I_i, I_j) per group; ``relation`` 0/1/2 = dominance/midpoint/prob."""
+def range_advantages(lo, hi, offsets, relation, threaded=None):
+    """A_i = (1/n) Σ_j φ(I_i, I_j) per group; ``relation`` 0/1/2 = dominance/midpoint/prob.
+
+    ``threaded`` as in ``pool.run_over_groups`` (None: threads by size).
+    """
     out = np.empty(lo.size)
     if relation == 0:
-        parallel = lo.size >= PARALLEL_MIN_SIZE
         max_size = int(np.diff(offsets).max(initial=0))
-        sorted_lo = _sorted_within_groups(lo, offsets, max_size, parallel)
-        sorted_hi = _sorted_within_groups(hi, offsets, max_size, parallel)
-        kernel = _dominance_parallel if parallel else _dominance_serial
-        kernel(lo, hi, offsets, sorted_lo, sorted_hi, max_size, out)
-    elif relation == 1:
-        kernel = _midpoint_parallel if lo.size >= PARALLEL_MIN_SIZE else _midpoint_serial
-        kernel(lo, hi, offsets, out)
+        sorted_lo = _sorted_within_groups(lo, offsets, max_size, threaded)
+        sorted_hi = _sorted_within_groups(hi, offsets, max_size, threaded)
+        run_over_groups(_dominance_kernel, offsets, (), lo, hi, sorted_lo, sorted_hi,
+                        max_size, out, threaded=threaded)
     else:
-        parallel = lo.size >= PARALLEL_MIN_SIZE
-        kernel = _probabilistic_parallel if parallel else _probabilistic_serial
-        kernel(lo, hi, offsets, out)
+        kernel = _midpoint_kernel if relation == 1 else _probabilistic_kernel
+        run_over_groups(kernel, offsets, (), lo, hi, out, threaded=threaded)
     return out
