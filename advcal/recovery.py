@@ -35,10 +35,6 @@ from advcal.sets import CoefficientSets, block_offsets, size_classes
 
 __all__ = ["Recovery", "recover"]
 
-# Groups below which one thread beats the thread pool (whose barrier also suffers most
-# when the machine is shared).
-PARALLEL_MIN_GROUPS = 2048
-
 
 class Recovery(NamedTuple):
     """Per-group GGSR result (:func:`recover`).
@@ -139,14 +135,10 @@ def run_recovery(sets: CoefficientSets, gram_flat: np.ndarray, taus: np.ndarray,
     infinite = not np.isfinite(sets.rho)
     rho = 1.0 if infinite else float(sets.rho)
     root = geo.root_blocks()
-    kernels = engine("recovery", backend)
-    if backend == "numba":
-        fn = (kernels.recover_groups_parallel if sets.n_groups >= PARALLEL_MIN_GROUPS
-              else kernels.recover_groups_serial)
-    else:
-        fn = kernels.recover_groups
-    status, anchors, eta, accepted, m_full, m_reward, ref0, ref1 = fn(
-        geo.centers, offsets, root, gram_flat, boffsets, rho, taus, ref)
+    # The numba engine picks one thread or several by the number of groups.
+    status, anchors, eta, accepted, m_full, m_reward, ref0, ref1 = engine(
+        "recovery", backend).recover_groups(geo.centers, offsets, root, gram_flat, boffsets,
+                                            rho, taus, ref)
     bad = np.flatnonzero(status)
     if bad.size:
         q = int(bad[0])

@@ -36,8 +36,10 @@ def _recover_case(n: int, n_groups: int) -> Case:
         f"recover, {n_groups} groups of {n} (tau = 0.25)",
         {
             "numpy/scipy reference": lambda: recovery_numpy.recover_groups(*args),
-            "numba kernel, one core": lambda: recovery_numba.recover_groups_serial(*args),
-            "numba kernel, all cores": lambda: recovery_numba.recover_groups_parallel(*args),
+            "numba kernel, one core": lambda: recovery_numba.recover_groups(
+                *args, threaded=False),
+            "numba kernel, all cores": lambda: recovery_numba.recover_groups(
+                *args, threaded=True),
             "advcal.recover public call": lambda: recover(sets, gram, tau=0.25),
         },
         baseline="numpy/scipy reference",

@@ -296,20 +296,79 @@ def test_degenerate_batches() -> None:
     np.testing.assert_array_equal(flat.coefficients, 0.0)
 
 
-def test_serial_and_parallel_kernels_are_bitwise_identical() -> None:
-    from advcal._kernels import recovery_numba
+def ragged_kernel_args(seed: int, sizes: list[int], rank: int | None) -> tuple:
+    """Arguments of the engine's ``recover_groups`` on groups of the given sizes (0..8).
+
+    Every third group has constant rewards (a zero center, skipped early), and ``rank``
+    makes the Gram blocks singular (rejected anchors inside the ball, the eigh branch).
+    """
     from advcal.recovery import gram_blocks
     from advcal.sets import block_offsets
 
-    sets, gram = problem(5, 6, n_groups=100)
+    rng = np.random.default_rng(seed)
+    sizes_arr = np.asarray(sizes, dtype=np.int64)
+    offsets = offsets_from_sizes(sizes_arr)
+    rewards = rng.uniform(size=int(offsets[-1]))
+    for q in range(0, sizes_arr.size, 3):
+        rewards[offsets[q]:offsets[q + 1]] = 0.5
+    sets = coefficient_sets(rewards, offsets, calibration=calibration(8))
+    blocks = [np.zeros(0)] * sizes_arr.size
+    for n in np.unique(sizes_arr[sizes_arr > 0]):
+        idx = np.flatnonzero(sizes_arr == n)
+        grams = gram_matrices(idx.size, int(n), rank=rank if rank and rank < n else None,
+                              seed=seed + int(n)).gram
+        for q, k in zip(idx, grams, strict=True):
+            blocks[q] = k.reshape(-1)
+    gram = np.concatenate(blocks) if blocks else np.zeros(0)
     geo = sets.geometry
-    args = (geo.centers, sets.offsets, geo.root_blocks(), gram_blocks(sets, gram),
-            block_offsets(sets.batch.sizes), float(sets.rho), np.array([0.0, 0.3]),
-            sets.centers.reshape(-1))
-    serial = recovery_numba.recover_groups_serial(*args)
-    parallel = recovery_numba.recover_groups_parallel(*args)
-    for a, b in zip(serial, parallel, strict=True):
-        np.testing.assert_array_equal(a, b)
+    return (geo.centers, sets.offsets, geo.root_blocks(), gram_blocks(sets, gram),
+            block_offsets(sets.batch.sizes), float(sets.rho), np.array([0.0, 0.2, 0.45]),
+            rng.normal(size=geo.centers.size))
+
+
+def assert_bitwise_equal(results: tuple, expected: tuple) -> None:
+    for name, a, b in zip(["status", "anchors", "eta", "accepted", "m_full", "m_reward",
+                           "ref0", "ref1"], results, expected, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert a.tobytes() == b.tobytes(), name
+
+
+def test_threaded_kernel_is_bitwise_identical_for_any_thread_count() -> None:
+    import numba
+
+    from advcal._kernels import recovery_numba
+
+    sizes = np.random.default_rng(3).integers(0, 9, size=recovery_numba.PARALLEL_MIN_GROUPS)
+    args = ragged_kernel_args(3, list(sizes), rank=3)
+    assert {0, 1} <= set(sizes)  # chunk edges may fall on empty and singleton groups
+    one_chunk = recovery_numba.recover_groups(*args, threaded=False)
+    assert one_chunk[3].any() and not one_chunk[3].all()  # both branches are exercised
+    previous = numba.get_num_threads()
+    try:
+        for threads in range(1, numba.config.NUMBA_NUM_THREADS + 1):
+            numba.set_num_threads(threads)
+            # by the number of groups (threads from PARALLEL_MIN_GROUPS), then forced
+            assert_bitwise_equal(recovery_numba.recover_groups(*args), one_chunk)
+            assert_bitwise_equal(recovery_numba.recover_groups(*args, threaded=True),
+                                 one_chunk)
+    finally:
+        numba.set_num_threads(previous)
+
+
+@given(seed=seeds, sizes=st.lists(st.integers(0, 8), max_size=12),
+       rank=st.sampled_from([None, 2]))
+def test_chunks_on_threads_equal_one_chunk_bitwise(seed: int, sizes: list[int],
+                                                   rank: int | None) -> None:
+    # Forced chunking on small batches: chunk edges fall on empty groups, singletons,
+    # zero centers and rejected groups; scratch reused across groups must not leak.
+    from unittest import mock
+
+    from advcal._kernels import pool, recovery_numba
+
+    args = ragged_kernel_args(seed % 2**16, sizes, rank)
+    with mock.patch.object(pool, "n_threads", lambda: 3):  # 3 chunks on any machine
+        chunked = recovery_numba.recover_groups(*args, threaded=True)
+    assert_bitwise_equal(chunked, recovery_numba.recover_groups(*args, threaded=False))
 
 
 garbage_arrays = st.one_of(

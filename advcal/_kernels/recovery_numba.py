@@ -6,8 +6,10 @@ for every threshold.  No eigendecomposition: H = R K R is reduced to tridiagonal
 tridiagonal Cholesky), and every quantity of the recovery path is a quadratic polynomial
 in η precomputed in O(n²), so each feasibility test of η is O(1).
 
-Inputs are validated by ``advcal.recovery``: float64 contiguous arrays, offsets valid,
-``root`` and ``gram`` hold one row-major n_q × n_q block per group at ``boffsets``.
+The kernel is one serial loop over groups, compiled once; ``pool.run_over_groups`` runs it
+on chunks of whole groups from several threads, so results do not depend on the thread
+count.  Inputs are validated by ``advcal.recovery``: float64 contiguous arrays, offsets
+valid, ``root`` and ``gram`` hold one row-major n_q × n_q block per group at ``boffsets``.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from advcal._kernels.modes import FASTMATH, compile_pair
+from advcal._kernels.modes import FASTMATH
+from advcal._kernels.pool import compile_serial, run_over_groups
 from advcal._kernels.recovery_numpy import (
     GRAM_RTOL,
     NOT_FINITE,
@@ -32,7 +35,9 @@ from advcal._kernels.recovery_numpy import (
 _FASTMATH = set(FASTMATH)
 ETA_TOL = 1e-13  # absolute accuracy of η*
 GOLDEN = 0.6180339887498949
-CHUNK = 32  # groups per scratch allocation
+# Groups from which ``recover_groups`` runs chunks on threads: a group costs microseconds,
+# a hand-off to a pool thread 50-100 us on a 2-core VM (see ``benchmarks/bench_sets.py``).
+PARALLEL_MIN_GROUPS = 2048
 
 
 @njit(cache=True, fastmath=_FASTMATH)
@@ -344,13 +349,143 @@ def _eta_star(coef, rho, tau, kappa, cnorm2):
     return lo
 
 
-def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference):
+def _recover(offsets, boffsets, status, eta, accepted, m_full, m_reward, ref0, ref1,
+             centers, root, gram, rho, taus, reference, anchors):
+    """GGSR for the groups of ``offsets``: fills row q of the per-group outputs and the
+    anchor's positions of ``anchors``; nothing read or written depends on other groups."""
+    width = 0
+    for q in range(offsets.size - 1):
+        width = max(width, offsets[q + 1] - offsets[q])
+    # Scratch sized for the widest group of this chunk; every group writes the entries it
+    # reads before reading them, so no value carries over from one group to the next.
+    scratch_a = np.empty(width * width)
+    scratch_b = np.empty(width * width)
+    tmp = np.empty((width, width))
+    vs = np.zeros((max(width, 1), max(width, 1)))
+    vecs = np.empty((16, width))
+    coef = np.empty(13)
+    n_taus = taus.size
+    for q in range(offsets.size - 1):
+        lo_idx = offsets[q]
+        n = offsets[q + 1] - lo_idx
+        base = boffsets[q]
+        if n == 0:
+            continue
+        st, scale = _check_gram(gram, base, n, tmp)
+        status[q] = st
+        if st != OK or n < 2:
+            continue
+        c = centers[lo_idx:lo_idx + n]
+        kc = vecs[0]
+        g = vecs[1]
+        a0 = vecs[2]
+        d = vecs[3]
+        ka0 = vecs[4]
+        kd = vecs[5]
+        v0 = vecs[6]
+        vd = vecs[7]
+        ref = vecs[8]
+        y = vecs[9]
+        w = vecs[10]
+        lo = vecs[11]
+        ld = vecs[12]
+        diag = vecs[13]
+        off = vecs[14]
+        rhs = vecs[15]
+        _matvec(gram, base, n, c, kc)
+        ckc = _dot(c, kc, n)
+        cnorm2 = _dot(c, c, n)
+        _matvec(gram, base, n, reference[lo_idx:lo_idx + n], ref)
+        if cnorm2 == 0.0 or not ckc > ZERO_CENTER_RTOL * scale * cnorm2:
+            continue
+        kappa = math.sqrt(ckc)
+        # H = R K R by BLAS on contiguous n x n views (4x faster than loops at n=16).
+        kmat = gram[base:base + n * n].reshape(n, n)
+        rmat = root[base:base + n * n].reshape(n, n)
+        kr = scratch_a[:n * n].reshape(n, n)
+        hmat = scratch_b[:n * n].reshape(n, n)
+        np.dot(kmat, rmat, kr)
+        np.dot(rmat, kr, hmat)
+        trace = 0.0
+        for i in range(n):
+            for j in range(i + 1, n):
+                sym = 0.5 * (hmat[i, j] + hmat[j, i])
+                hmat[i, j] = sym
+                hmat[j, i] = sym
+            trace += hmat[i, i]
+        _matvec(root, base, n, kc, g)
+        if not (math.isfinite(trace) and math.isfinite(_dot(g, g, n))):
+            status[q] = OVERFLOW
+            continue
+        for i in range(n):
+            rhs[i] = -g[i]
+        _tridiagonalize(hmat, n, vs, diag, off, ka0)
+        _apply_reflectors(vs, n, rhs, True)
+        if _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace):
+            _min_norm_solution(kmat, rmat, kr, hmat, g, n, y)
+        else:
+            _apply_reflectors(vs, n, y, False)
+        _matvec(root, base, n, y, a0)
+        for i in range(n):
+            a0[i] += c[i]
+            d[i] = c[i] - a0[i]
+            anchors[lo_idx + i] = a0[i]
+        _matvec(gram, base, n, a0, ka0)
+        for i in range(n):
+            kd[i] = kc[i] - ka0[i]
+        ref0[q] = _dot(a0, ref, n)
+        ref1[q] = _dot(d, ref, n)
+        coef[2] = _dot(a0, ka0, n)
+        if not coef[2] > ZERO_UPDATE_RTOL * ckc:
+            continue  # ‖U(a0)‖ = 0: no safe direction
+        coef[0] = _dot(a0, kc, n)
+        coef[1] = _dot(d, kc, n)
+        coef[3] = _dot(a0, kd, n)
+        coef[4] = _dot(d, kd, n)
+        _matvec(root, base, n, ka0, v0)
+        _matvec(root, base, n, kd, vd)
+        coef[5] = _dot(v0, v0, n)
+        coef[6] = _dot(v0, vd, n)
+        coef[7] = _dot(vd, vd, n)
+        coef[8] = _dot(a0, c, n)
+        coef[9] = _dot(d, c, n)
+        _matvec(root, base, n, a0, v0)
+        _matvec(root, base, n, d, vd)
+        coef[10] = _dot(v0, v0, n)
+        coef[11] = _dot(v0, vd, n)
+        coef[12] = _dot(vd, vd, n)
+        qr0 = _dot(a0, a0, n)
+        qr1 = _dot(a0, d, n)
+        qr2 = _dot(d, d, n)
+        cnorm = math.sqrt(cnorm2)
+        for t in range(n_taus):
+            e = _eta_star(coef, rho, taus[t], kappa, cnorm2)
+            ok = e >= 0.0
+            e = e if ok else 0.0
+            accepted[q, t] = ok
+            eta[q, t] = e
+            a = coef[0] + e * coef[1]
+            qq = coef[2] + e * (2.0 * coef[3] + e * coef[4])
+            ww = coef[5] + e * (2.0 * coef[6] + e * coef[7])
+            m_full[q, t] = (a - rho * _sqrt0(ww)) / (_sqrt0(qq) * kappa)
+            ar = coef[8] + e * coef[9]
+            wr = coef[10] + e * (2.0 * coef[11] + e * coef[12])
+            qr = qr0 + e * (2.0 * qr1 + e * qr2)
+            m_reward[q, t] = (ar - rho * _sqrt0(wr)) / (_sqrt0(qr) * cnorm)
+
+
+_recover_kernel = compile_serial(_recover, FASTMATH)
+
+
+def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference,
+                   threaded=None):
     """GGSR for every group and threshold.
 
     Returns ``(status, anchors, eta, accepted, m_full, m_reward, ref0, ref1)``: per-group
     Gram status; anchors a0 (flat); per (group, threshold) η* (0 when rejected), the
     acceptance flag and the projections at η*; and aᵀK·reference at η = 0 (ref0) and its
-    slope in η (ref1), so a(η)ᵀK a_ref = ref0 + η·ref1.
+    slope in η (ref1), so a(η)ᵀK a_ref = ref0 + η·ref1.  ``threaded``: None threads from
+    PARALLEL_MIN_GROUPS groups, True on any size (tests), False never.
     """
     n_groups = offsets.size - 1
     n_taus = taus.size
@@ -362,125 +497,11 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference)
     m_reward = np.full((n_groups, n_taus), np.nan)
     ref0 = np.zeros(n_groups)
     ref1 = np.zeros(n_groups)
-    width = 0
-    for q in range(n_groups):
-        width = max(width, offsets[q + 1] - offsets[q])
-    n_chunks = (n_groups + CHUNK - 1) // CHUNK
-    for chunk in prange(n_chunks):
-        scratch_a = np.empty(width * width)
-        scratch_b = np.empty(width * width)
-        tmp = np.empty((width, width))
-        vs = np.zeros((max(width, 1), max(width, 1)))
-        vecs = np.empty((16, width))
-        coef = np.empty(13)
-        for q in range(chunk * CHUNK, min(n_groups, (chunk + 1) * CHUNK)):
-            lo_idx = offsets[q]
-            n = offsets[q + 1] - lo_idx
-            base = boffsets[q]
-            if n == 0:
-                continue
-            st, scale = _check_gram(gram, base, n, tmp)
-            status[q] = st
-            if st != OK or n < 2:
-                continue
-            c = centers[lo_idx:lo_idx + n]
-            kc = vecs[0]
-            g = vecs[1]
-            a0 = vecs[2]
-            d = vecs[3]
-            ka0 = vecs[4]
-            kd = vecs[5]
-            v0 = vecs[6]
-            vd = vecs[7]
-            ref = vecs[8]
-            y = vecs[9]
-            w = vecs[10]
-            lo = vecs[11]
-            ld = vecs[12]
-            diag = vecs[13]
-            off = vecs[14]
-            rhs = vecs[15]
-            _matvec(gram, base, n, c, kc)
-            ckc = _dot(c, kc, n)
-            cnorm2 = _dot(c, c, n)
-            _matvec(gram, base, n, reference[lo_idx:lo_idx + n], ref)
-            if cnorm2 == 0.0 or not ckc > ZERO_CENTER_RTOL * scale * cnorm2:
-                continue
-            kappa = math.sqrt(ckc)
-            # H = R K R by BLAS on contiguous n x n views (4x faster than loops at n=16).
-            kmat = gram[base:base + n * n].reshape(n, n)
-            rmat = root[base:base + n * n].reshape(n, n)
-            kr = scratch_a[:n * n].reshape(n, n)
-            hmat = scratch_b[:n * n].reshape(n, n)
-            np.dot(kmat, rmat, kr)
-            np.dot(rmat, kr, hmat)
-            trace = 0.0
-            for i in range(n):
-                for j in range(i + 1, n):
-                    sym = 0.5 * (hmat[i, j] + hmat[j, i])
-                    hmat[i, j] = sym
-                    hmat[j, i] = sym
-                trace += hmat[i, i]
-            _matvec(root, base, n, kc, g)
-            if not (math.isfinite(trace) and math.isfinite(_dot(g, g, n))):
-                status[q] = OVERFLOW
-                continue
-            for i in range(n):
-                rhs[i] = -g[i]
-            _tridiagonalize(hmat, n, vs, diag, off, ka0)
-            _apply_reflectors(vs, n, rhs, True)
-            if _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace):
-                _min_norm_solution(kmat, rmat, kr, hmat, g, n, y)
-            else:
-                _apply_reflectors(vs, n, y, False)
-            _matvec(root, base, n, y, a0)
-            for i in range(n):
-                a0[i] += c[i]
-                d[i] = c[i] - a0[i]
-                anchors[lo_idx + i] = a0[i]
-            _matvec(gram, base, n, a0, ka0)
-            for i in range(n):
-                kd[i] = kc[i] - ka0[i]
-            ref0[q] = _dot(a0, ref, n)
-            ref1[q] = _dot(d, ref, n)
-            coef[2] = _dot(a0, ka0, n)
-            if not coef[2] > ZERO_UPDATE_RTOL * ckc:
-                continue  # ‖U(a0)‖ = 0: no safe direction
-            coef[0] = _dot(a0, kc, n)
-            coef[1] = _dot(d, kc, n)
-            coef[3] = _dot(a0, kd, n)
-            coef[4] = _dot(d, kd, n)
-            _matvec(root, base, n, ka0, v0)
-            _matvec(root, base, n, kd, vd)
-            coef[5] = _dot(v0, v0, n)
-            coef[6] = _dot(v0, vd, n)
-            coef[7] = _dot(vd, vd, n)
-            coef[8] = _dot(a0, c, n)
-            coef[9] = _dot(d, c, n)
-            _matvec(root, base, n, a0, v0)
-            _matvec(root, base, n, d, vd)
-            coef[10] = _dot(v0, v0, n)
-            coef[11] = _dot(v0, vd, n)
-            coef[12] = _dot(vd, vd, n)
-            qr0 = _dot(a0, a0, n)
-            qr1 = _dot(a0, d, n)
-            qr2 = _dot(d, d, n)
-            cnorm = math.sqrt(cnorm2)
-            for t in range(n_taus):
-                e = _eta_star(coef, rho, taus[t], kappa, cnorm2)
-                ok = e >= 0.0
-                e = e if ok else 0.0
-                accepted[q, t] = ok
-                eta[q, t] = e
-                a = coef[0] + e * coef[1]
-                qq = coef[2] + e * (2.0 * coef[3] + e * coef[4])
-                ww = coef[5] + e * (2.0 * coef[6] + e * coef[7])
-                m_full[q, t] = (a - rho * _sqrt0(ww)) / (_sqrt0(qq) * kappa)
-                ar = coef[8] + e * coef[9]
-                wr = coef[10] + e * (2.0 * coef[11] + e * coef[12])
-                qr = qr0 + e * (2.0 * qr1 + e * qr2)
-                m_reward[q, t] = (ar - rho * _sqrt0(wr)) / (_sqrt0(qr) * cnorm)
+    if threaded is None:
+        # The pool's own rule counts rewards, sized for kernels costing nanoseconds per
+        # reward; a group costs microseconds here, so threads pay off far earlier.
+        threaded = n_groups >= PARALLEL_MIN_GROUPS
+    run_over_groups(_recover_kernel, offsets,
+                    (boffsets, status, eta, accepted, m_full, m_reward, ref0, ref1),
+                    centers, root, gram, rho, taus, reference, anchors, threaded=threaded)
     return status, anchors, eta, accepted, m_full, m_reward, ref0, ref1
-
-
-recover_groups_serial, recover_groups_parallel = compile_pair(recover_groups)
