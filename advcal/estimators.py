@@ -88,7 +88,7 @@ def _limit(call: _Call) -> float:
 
 def _finish(call: _Call, result: tuple[np.ndarray, bool]) -> np.ndarray:
     out, ok = result
-    # Not ok: a group held a non-finite reward (its amax is NaN) or an advantage
+    # Not ok: the kernel counted a group with a non-finite reward or an advantage
     # overflowed the output dtype; find out which, on this error path only.
     if not ok:
         raise_bad_values(call.batch.values, call.omit)
