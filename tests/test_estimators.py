@@ -405,6 +405,22 @@ def test_a_bad_group_in_any_chunk_is_flagged(where):
                                          threaded=threaded)[1]
 
 
+def test_concurrent_calls_from_user_threads_give_the_serial_result():
+    # Kernels release the GIL and the pool is shared: calls from several user threads at
+    # once (numba's workqueue layer would abort on concurrent prange kernels).
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(5)
+    batches = [rng.random(1 << 20) for _ in range(4)]
+    offsets = np.arange(0, (1 << 20) + 1, 16)
+    expected = [point_numba.center_scale(x, offsets, GRPO, 1e-6, 1, False, False, 1.0,
+                                         np.inf, threaded=False)[0] for x in batches]
+    with ThreadPoolExecutor(4) as users:
+        results = list(users.map(lambda x: grpo(x, offsets), batches))
+    for result, serial in zip(results, expected, strict=True):
+        assert result.tobytes() == serial.tobytes()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_threads_work_in_a_forked_child():
     # A forked child inherits the pool object but none of its threads: a pool that were
