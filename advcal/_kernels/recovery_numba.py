@@ -30,6 +30,7 @@ from advcal._kernels.recovery_numpy import (
     OVERFLOW,
     ZERO_CENTER_RTOL,
     ZERO_UPDATE_RTOL,
+    recovery_outputs,
 )
 
 _FASTMATH = set(FASTMATH)
@@ -489,14 +490,8 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference,
     """
     n_groups = offsets.size - 1
     n_taus = taus.size
-    status = np.zeros(n_groups, dtype=np.int8)
-    anchors = centers.copy()
-    eta = np.zeros((n_groups, n_taus))
-    accepted = np.zeros((n_groups, n_taus), dtype=np.bool_)
-    m_full = np.full((n_groups, n_taus), np.nan)
-    m_reward = np.full((n_groups, n_taus), np.nan)
-    ref0 = np.zeros(n_groups)
-    ref1 = np.zeros(n_groups)
+    status, anchors, eta, accepted, m_full, m_reward, ref0, ref1 = recovery_outputs(
+        centers, n_groups, n_taus)
     if threaded is None:
         # The pool's own rule counts rewards, sized for kernels costing nanoseconds per
         # reward; a group costs microseconds here, so threads pay off far earlier.

@@ -110,18 +110,21 @@ def _eta_star(a0: np.ndarray, c: np.ndarray, r: np.ndarray, k: np.ndarray, rho: 
     return float(root)
 
 
+def recovery_outputs(centers, n_groups, n_taus):
+    """The outputs of ``recover_groups`` before any group is processed (both engines):
+    status OK, anchors = centers, η* = 0 and rejected, projections NaN, ref0 = ref1 = 0."""
+    return (np.zeros(n_groups, dtype=np.int8), centers.copy(), np.zeros((n_groups, n_taus)),
+            np.zeros((n_groups, n_taus), dtype=np.bool_),
+            np.full((n_groups, n_taus), np.nan), np.full((n_groups, n_taus), np.nan),
+            np.zeros(n_groups), np.zeros(n_groups))
+
+
 def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference):
     """Reference of ``recovery_numba.recover_groups`` (same outputs)."""
     n_groups = offsets.size - 1
     n_taus = taus.size
-    status = np.zeros(n_groups, dtype=np.int8)
-    anchors = centers.copy()
-    eta = np.zeros((n_groups, n_taus))
-    accepted = np.zeros((n_groups, n_taus), dtype=np.bool_)
-    m_full = np.full((n_groups, n_taus), np.nan)
-    m_reward = np.full((n_groups, n_taus), np.nan)
-    ref0 = np.zeros(n_groups)
-    ref1 = np.zeros(n_groups)
+    status, anchors, eta, accepted, m_full, m_reward, ref0, ref1 = recovery_outputs(
+        centers, n_groups, n_taus)
     for q in range(n_groups):
         lo, hi = int(offsets[q]), int(offsets[q + 1])
         n = hi - lo
