@@ -10,6 +10,10 @@ group held a non-finite reward or the magnitude of its advantages (``center_scal
 L2 norm; ``opo``/``passk``: their largest |value|) exceeds ``limit``, the output dtype's
 maximum.  A NaN or infinite reward makes its group's sum of squares non-finite, so
 finiteness is checked once per group, without a pass over the rewards.
+
+``center_scale`` without omitted NaN (grpo, dr_grpo, rloo, batch_std, gpg in the common
+call) runs in the masked loops of ``masked`` and is compiled without fast-math flags
+(``modes.EXACT``); the other kernels use plain loops that LLVM vectorizes.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import math
 import numpy as np
 from numba import njit
 
-from advcal._kernels.modes import FASTMATH, FIXED, GRPO, RLOO
+from advcal._kernels.masked import group_sum_squares, group_sums, write_centered
+from advcal._kernels.modes import EXACT, FASTMATH, FIXED, GRPO, RLOO
 from advcal._kernels.pool import compile_serial, run_over_groups
 
 
@@ -82,56 +87,79 @@ def _statistics(offsets, count, shift, mean, ss, x, omit_nan):
         count[q], shift[q], mean[q], ss[q] = _moments(x[offsets[q]:offsets[q + 1]], omit_nan)
 
 
-@njit(cache=True, inline="always")
-def _divisor(mode, n, ss, eps, ddof, divisor):
+@njit(cache=True, inline="always", fastmath=set(FASTMATH))
+def _scale_factor(n, ss, shift, mean, mode, eps, ddof, raw_singletons, divisor):
+    """(factor, norm², shift, mean) of one group with n valid rewards, sum of squared
+    deviations ``ss`` and mean ``shift + mean``: its advantages are
+    (v - (shift + mean)) * factor, and ``norm²`` their squared L2 norm (NaN for a group
+    with a non-finite reward).  A lone response that keeps its raw reward gets shift and
+    mean 0.  A factor of 0 gives the group exact zeros: every deviation is then +0 * 0.
+    Selects below ``mode`` (loop-invariant), not branches: nothing to mispredict."""
+    count = np.float64(n)
     if mode == GRPO:
-        return math.sqrt(ss / (n - ddof)) + eps
-    if mode == RLOO:
-        return (n - 1.0) / n
-    if mode == FIXED:
-        return divisor
-    return 1.0
+        divisor_ = math.sqrt(ss / (count - ddof)) + eps
+        lone = 1.0 + eps
+    elif mode == RLOO:
+        divisor_ = (count - 1.0) / count
+        lone = 1.0
+    elif mode == FIXED:
+        divisor_ = divisor
+        lone = divisor
+    else:
+        divisor_ = 1.0
+        lone = 1.0
+    factor = 1.0 / divisor_ if (n >= 2) & (ss > 0.0) else 0.0
+    norm = ss * factor * factor
+    # verl's convention for a lone response: mean 0 and std 1.
+    raw = (n == 1) & raw_singletons
+    lone_factor = 1.0 / lone
+    factor = lone_factor if raw else factor
+    norm = (shift * lone_factor) ** 2 if raw else norm
+    norm = math.nan if ss - ss != 0.0 else norm  # a NaN or inf reward
+    return factor, norm, 0.0 if raw else shift, 0.0 if raw else mean
 
 
-# One pass over groups that reads each group once from memory (its second and third
-# reads hit L1) and keeps every per-group quantity in registers.  Measured at 2**24
-# rewards on 2 threads: 1.2-1.5x a memory copy, where three passes over the batch
-# (statistics, divisors, writes) with per-group arrays in between took 2.0-2.5x.
-
-
-def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit, out):
+def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, divisor, limit, out):
     """Returns the number of flagged groups: a non-finite reward (the group's sum of
     squares is NaN/inf) or advantages whose L2 norm exceeds ``limit``, the output dtype's
-    maximum (compared squared: no square root per group)."""
+    maximum (compared squared: no square root per group).  No NaN is omitted here (see
+    ``_center_scale_omit``).
+
+    Each group is read from memory once (its second read hits L1) by the masked loops of
+    ``masked``; the write loop repeats the trip count of the sums loop just before it, so
+    the branch predictor gets its exit right even where group sizes vary.
+    """
+    n_bad = 0
+    for q in range(offsets.size - 1):
+        lo = offsets[q]
+        n = offsets[q + 1] - lo
+        shift, t1, t2, _, _ = group_sums(x, lo, n)
+        mean = t1 / max(n, 1)
+        # t1 and t2 come from one pass; t2 - t1 * mean cancels, with a rounding error of a
+        # few ulps of t2.  Where t2 > 8 ss (more than 3 bits lost: the shift lies far out
+        # in the group's tail) the sum of squares is taken again around the mean.
+        ss = t2 - t1 * mean
+        if not t2 <= 8.0 * ss:
+            ss = group_sum_squares(x, lo, n, shift, mean)
+        factor, norm, shift, mean = _scale_factor(n, ss, shift, mean, mode, eps, ddof,
+                                                  raw_singletons, divisor)
+        n_bad += not norm <= limit * limit
+        write_centered(x, out, lo, n, shift, mean, factor)
+    return n_bad
+
+
+def _center_scale_omit(offsets, x, mode, eps, ddof, raw_singletons, divisor, limit, out):
+    """``_center_scale`` with NaN rewards omitted (they get 0), in plain loops."""
     n_bad = 0
     for q in range(offsets.size - 1):
         g = x[offsets[q]:offsets[q + 1]]
         o = out[offsets[q]:offsets[q + 1]]
-        n, shift, mean, ss = _moments(g, omit_nan)
-        # factor 0 where the group gets zeros: every deviation (g - shift) - mean is then
-        # exactly +0, so the write loop needs no branch.
-        factor = 0.0
-        norm = 0.0
-        if ss - ss != 0.0:  # NaN or inf
-            norm = math.nan
-        elif n >= 2:
-            if ss > 0.0:
-                factor = 1.0 / _divisor(mode, n, ss, eps, ddof, divisor)
-                norm = ss * factor * factor
-        elif n == 1 and raw_singletons:
-            # verl's convention for a lone response: mean 0 and std 1.
-            factor = 1.0 / (1.0 + eps if mode == GRPO else (divisor if mode == FIXED else 1.0))
-            norm = (shift * factor) ** 2
-            shift = 0.0
-            mean = 0.0
-        if not norm <= limit * limit:
-            n_bad += 1
-        if omit_nan:
-            for i in range(g.size):
-                o[i] = 0.0 if math.isnan(g[i]) else ((g[i] - shift) - mean) * factor
-        else:
-            for i in range(g.size):
-                o[i] = ((g[i] - shift) - mean) * factor
+        n, shift, mean, ss = _moments(g, True)
+        factor, norm, shift, mean = _scale_factor(n, ss, shift, mean, mode, eps, ddof,
+                                                  raw_singletons, divisor)
+        n_bad += not norm <= limit * limit
+        for i in range(g.size):
+            o[i] = 0.0 if math.isnan(g[i]) else ((g[i] - shift) - mean) * factor
     return n_bad
 
 
@@ -226,7 +254,8 @@ def _passk(offsets, x, eps, ddof, raw_singletons, omit_nan, limit, out):
 
 
 _statistics_kernel = compile_serial(_statistics, FASTMATH)
-_center_scale_kernel = compile_serial(_center_scale, FASTMATH)
+_center_scale_kernel = compile_serial(_center_scale, EXACT)
+_center_scale_omit_kernel = compile_serial(_center_scale_omit, FASTMATH)
 _opo_kernel = compile_serial(_opo, FASTMATH)
 _passk_kernel = compile_serial(_passk, FASTMATH)
 
@@ -234,8 +263,9 @@ _passk_kernel = compile_serial(_passk, FASTMATH)
 def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
                  threaded=None):
     out = np.empty_like(x)
-    n_bad = run_over_groups(_center_scale_kernel, offsets, (), x, mode, eps, ddof,
-                            raw_singletons, omit_nan, divisor, limit, out, threaded=threaded)
+    kernel = _center_scale_omit_kernel if omit_nan else _center_scale_kernel
+    n_bad = run_over_groups(kernel, offsets, (), x, mode, eps, ddof, raw_singletons, divisor,
+                            limit, out, threaded=threaded)
     return out, sum(n_bad) == 0
 
 
