@@ -8,6 +8,9 @@ must equal numpy's, and no element outside the group may be written.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -178,3 +181,30 @@ def test_intrinsics_refuse_other_layouts():
         _group_sums(np.zeros(6)[::2], 0, 2)
     with pytest.raises(TypingError):
         _group_sums(np.zeros(6, dtype=np.int64), 0, 2)
+
+
+@pytest.mark.parametrize(("choice", "expected"), [("masked", "True"), ("plain", "False")])
+def test_group_loops_follow_the_environment_variable(choice, expected):
+    code = "from advcal._kernels import masked; print(masked.ENABLED)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "ADVCAL_GROUP_LOOPS": choice}, check=True)
+    assert result.stdout.strip() == expected
+
+
+def test_a_bad_group_loops_setting_is_refused_by_name():
+    code = "import numpy, advcal; advcal.grpo(numpy.ones((2, 3)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "ADVCAL_GROUP_LOOPS": "fast"})
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ValueError: The environment variable ADVCAL_GROUP_LOOPS must be 'auto', 'masked' "
+        "or 'plain'; got 'fast'.")
+
+
+def test_generic_targets_take_the_plain_loops():
+    code = "from advcal._kernels import masked; print(masked.ENABLED)"
+    env = {**os.environ, "NUMBA_CPU_NAME": "generic"}
+    env.pop("ADVCAL_GROUP_LOOPS", None)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, check=True)
+    assert result.stdout.strip() == "False"

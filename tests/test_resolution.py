@@ -565,7 +565,8 @@ def test_a_bad_or_out_of_bounds_group_in_any_chunk_is_found(where, resolution):
 
 
 def test_kernels_are_cached_on_disk():
-    for name in ("_maxnorm_kernel", "_resolve_kernel"):
+    for name in ("_maxnorm_kernel", "_resolve_kernel", "_maxnorm_plain_kernel",
+                 "_maxnorm_plain_masked_kernel", "_resolve_masked_kernel"):
         assert getattr(maxnorm_numba, name)._cache.__class__.__name__ == "FunctionCache"
 
 

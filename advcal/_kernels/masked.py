@@ -3,27 +3,33 @@
 Why: on ragged batches of small groups (sizes 2..30, as trainers filter and pad), the
 loops LLVM vectorizes over a group end in a vector epilogue and a scalar remainder whose
 trip counts change from group to group; their mispredicted exits cost more than the
-arithmetic.  These loops instead cover a group in chunks of 16 rewards, as two 8-lane
-loads and stores masked to the group's own rewards, so one loop exit per group remains.
-A kernel's write loop repeats the trip count of its sums loop just before, and the branch
-predictor, having just seen it, gets that exit right.  Measured serially on 2**16 groups
-(grpo): 0.95 ns a reward on random sizes 2..30, 1.40 with LLVM's loops; 0.79 against 0.85
-on groups of 16.  Masked-off lanes are neither read nor written (``llvm.masked.load`` and
-``llvm.masked.store``: native on AVX-512 and AVX2, emulated elsewhere), so no access
-leaves the group.
+arithmetic.  These loops instead cover a group in chunks of ``CHUNK`` rewards, as
+8-lane loads and stores masked to the group's own rewards, so one loop exit per group
+remains.  A kernel's write loop repeats the trip count of its sums loop just before, and
+the branch predictor, having just seen it, gets that exit right.  Measured serially on
+2**15 groups (grpo): 0.97 ns a reward on random sizes 2..30, 1.40 with LLVM's loops; 0.81
+against 0.84 on groups of 16.  Masked-off lanes are neither read nor written
+(``llvm.masked.load`` and ``llvm.masked.store``), so no access leaves the group.
 
 Arithmetic is float64 whatever the array dtype, in a fixed order (blocks pairwise, then
-lanes pairwise).  The intrinsics add no fast-math flags of their own, but the calling
-kernel's flags apply to them as to the rest of its code, and the order is the same on
-every thread and in every batch.
+lanes pairwise).  The intrinsics add no fast-math flags of their own (but for "nnan" on
+min/max, see ``_math``); a calling kernel's flags would apply to them as to the rest of
+its code, so the kernels that call them are compiled without any (``modes.EXACT``).
 
 Every intrinsic takes a 1-D C-contiguous float32/float64 array, the index ``lo`` of the
 group's first reward and its size ``n``; callers guarantee ``0 <= lo`` and
 ``lo + n <= x.size``.
+
+Where the CPU has no masked vector loads and stores (x86 before AVX2, ARM without SVE),
+LLVM emulates them lane by lane: grpo then measured 2.3-2.6 ns a reward against 1.1-1.6
+for LLVM's own loops (``NUMBA_CPU_NAME=generic``).  ``ENABLED`` tells the kernels which
+loops to run; the environment variable ``ADVCAL_GROUP_LOOPS`` (``auto``, ``masked`` or
+``plain``) overrides it, e.g. to test both kinds on one machine.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -43,6 +49,35 @@ _F64 = ir.DoubleType()
 _V64 = ir.VectorType(_F64, LANES)
 _VI64 = ir.VectorType(_I64, LANES)
 _FLOAT_DTYPES = (types.float32, types.float64)
+
+
+def _has_native_masked_ops() -> bool:
+    """Whether numba compiles for a CPU with masked vector loads/stores (AVX2, AVX-512)."""
+    from numba.core import config
+
+    features = getattr(config, "CPU_FEATURES", None)
+    if features:  # the user fixed numba's target features (NUMBA_CPU_FEATURES)
+        return bool({"+avx2", "+avx512f"} & set(features.split(",")))
+    if getattr(config, "CPU_NAME", None) not in (None, "", "host"):
+        return False  # a named (often generic, portable) target: do not guess
+    import llvmlite.binding as llvm
+
+    try:
+        host = llvm.get_host_cpu_features()
+    except RuntimeError:  # not available on this platform
+        return False
+    return bool(host.get("avx2") or host.get("avx512f"))
+
+
+def _enabled() -> bool:
+    choice = os.environ.get("ADVCAL_GROUP_LOOPS", "auto")
+    if choice not in ("auto", "masked", "plain"):
+        raise ValueError("The environment variable ADVCAL_GROUP_LOOPS must be 'auto', "
+                         f"'masked' or 'plain'; got {choice!r}.")
+    return choice == "masked" or (choice == "auto" and _has_native_masked_ops())
+
+
+ENABLED = _enabled()
 
 
 def intrinsic(typing: Callable[..., Any]) -> Any:

@@ -12,8 +12,9 @@ maximum.  A NaN or infinite reward makes its group's sum of squares non-finite, 
 finiteness is checked once per group, without a pass over the rewards.
 
 ``center_scale`` without omitted NaN (grpo, dr_grpo, rloo, batch_std, gpg in the common
-call) runs in the masked loops of ``masked`` and is compiled without fast-math flags
-(``modes.EXACT``); the other kernels use plain loops that LLVM vectorizes.
+call) runs in the masked loops of ``masked``, compiled without fast-math flags
+(``modes.EXACT``), where ``masked.ENABLED``; elsewhere, and for every other kernel, plain
+loops that LLVM vectorizes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import math
 import numpy as np
 from numba import njit
 
+from advcal._kernels import masked
 from advcal._kernels.masked import group_sum_squares, group_sums, write_centered
 from advcal._kernels.modes import EXACT, FASTMATH, FIXED, GRPO, RLOO
 from advcal._kernels.pool import compile_serial, run_over_groups
@@ -119,11 +121,10 @@ def _scale_factor(n, ss, shift, mean, mode, eps, ddof, raw_singletons, divisor):
     return factor, norm, 0.0 if raw else shift, 0.0 if raw else mean
 
 
-def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, divisor, limit, out):
+def _center_scale_masked(offsets, x, mode, eps, ddof, raw_singletons, divisor, limit, out):
     """Returns the number of flagged groups: a non-finite reward (the group's sum of
     squares is NaN/inf) or advantages whose L2 norm exceeds ``limit``, the output dtype's
-    maximum (compared squared: no square root per group).  No NaN is omitted here (see
-    ``_center_scale_omit``).
+    maximum (compared squared: no square root per group).  No NaN is omitted here.
 
     Each group is read from memory once (its second read hits L1) by the masked loops of
     ``masked``; the write loop repeats the trip count of the sums loop just before it, so
@@ -148,18 +149,24 @@ def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, divisor, limit, o
     return n_bad
 
 
-def _center_scale_omit(offsets, x, mode, eps, ddof, raw_singletons, divisor, limit, out):
-    """``_center_scale`` with NaN rewards omitted (they get 0), in plain loops."""
+def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
+                  out):
+    """``_center_scale_masked`` in loops that LLVM vectorizes (CPUs without masked vector
+    loads), and with NaN rewards omitted (they get 0) where asked."""
     n_bad = 0
     for q in range(offsets.size - 1):
         g = x[offsets[q]:offsets[q + 1]]
         o = out[offsets[q]:offsets[q + 1]]
-        n, shift, mean, ss = _moments(g, True)
+        n, shift, mean, ss = _moments(g, omit_nan)
         factor, norm, shift, mean = _scale_factor(n, ss, shift, mean, mode, eps, ddof,
                                                   raw_singletons, divisor)
         n_bad += not norm <= limit * limit
-        for i in range(g.size):
-            o[i] = 0.0 if math.isnan(g[i]) else ((g[i] - shift) - mean) * factor
+        if omit_nan:
+            for i in range(g.size):
+                o[i] = 0.0 if math.isnan(g[i]) else ((g[i] - shift) - mean) * factor
+        else:
+            for i in range(g.size):
+                o[i] = ((g[i] - shift) - mean) * factor
     return n_bad
 
 
@@ -254,8 +261,8 @@ def _passk(offsets, x, eps, ddof, raw_singletons, omit_nan, limit, out):
 
 
 _statistics_kernel = compile_serial(_statistics, FASTMATH)
-_center_scale_kernel = compile_serial(_center_scale, EXACT)
-_center_scale_omit_kernel = compile_serial(_center_scale_omit, FASTMATH)
+_center_scale_kernel = compile_serial(_center_scale, FASTMATH)
+_center_scale_masked_kernel = compile_serial(_center_scale_masked, EXACT)
 _opo_kernel = compile_serial(_opo, FASTMATH)
 _passk_kernel = compile_serial(_passk, FASTMATH)
 
@@ -263,9 +270,13 @@ _passk_kernel = compile_serial(_passk, FASTMATH)
 def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
                  threaded=None):
     out = np.empty_like(x)
-    kernel = _center_scale_omit_kernel if omit_nan else _center_scale_kernel
-    n_bad = run_over_groups(kernel, offsets, (), x, mode, eps, ddof, raw_singletons, divisor,
-                            limit, out, threaded=threaded)
+    if masked.ENABLED and not omit_nan:
+        n_bad = run_over_groups(_center_scale_masked_kernel, offsets, (), x, mode, eps, ddof,
+                                raw_singletons, divisor, limit, out, threaded=threaded)
+    else:
+        n_bad = run_over_groups(_center_scale_kernel, offsets, (), x, mode, eps, ddof,
+                                raw_singletons, omit_nan, divisor, limit, out,
+                                threaded=threaded)
     return out, sum(n_bad) == 0
 
 
