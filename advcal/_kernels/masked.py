@@ -40,7 +40,7 @@ from numba.core.extending import intrinsic as numba_intrinsic
 
 LANES = 8
 BLOCKS = 1  # 8-lane blocks per chunk: 1 measured faster than 2 or 4 on groups of 2..30
-CHUNK = LANES * BLOCKS
+CHUNK = LANES * BLOCKS  # at most 63: a chunk's lane mask is the low bits of an int64
 
 _I1 = ir.IntType(1)
 _I32 = ir.IntType(32)
@@ -181,7 +181,7 @@ def _pairwise(values: list[ir.Value], combine: Callable[[ir.Value, ir.Value], ir
 
 
 class _Group:
-    """Pointers into one group of an array argument, and the lane masks of its chunks."""
+    """Pointers into one group of an array argument."""
 
     def __init__(self, context: Any, builder: ir.IRBuilder, array_type: Any,
                  array: ir.Value, lo: ir.Value) -> None:
@@ -291,8 +291,6 @@ def group_sums(typingctx: Any, x: Any, lo: Any, n: Any) -> Any:
         highs = _Accumulators(builder, float("-inf"))
         for start in _chunks(builder, n_value):
             for k, first, mask in _blocks(builder, start, n_value):
-                # (zero-filled, then selected: a load that fills with the shift measured
-                # 13% slower on AVX-512, as it waits on the register it merges into)
                 v = _masked_load(builder, group.pointer(builder, first), mask, group.element)
                 d = _select_lanes(builder, mask, builder.fsub(v, shift_splat), 0.0)
                 sums.update(builder, k, builder.fadd, d)

@@ -50,6 +50,14 @@ FASTMATH = frozenset({"nsz", "reassoc"})
 
 _NO_BIN = np.int64(1) << 62  # above every bin index: the start of a running minimum
 
+# _ADDRESS_FREE_SUMS: no loop here both writes the output and sums floats.  LLVM guards a
+# vectorized loop that reads ``g`` and writes ``o`` with a runtime check that the two do
+# not overlap, and runs a scalar copy where it cannot tell; under "reassoc" the two copies
+# sum in different orders.  A sum taken in such a loop then depended on where numpy put
+# the output (measured: the last bit of MaxNorm weights changed when the output array
+# lay within 31 elements of the rewards).  Integer counts and min/max are exact in any
+# order and may stay there.
+
 
 def _no_nan(name: str) -> Any:
     """``name`` (llvm.minnum or llvm.maxnum) of two float64 values, flagged "nnan"."""
@@ -116,7 +124,6 @@ def _scan(g, o, stash, transform, lo, hi, clip, inv_delta, kmax, omit_nan):
     shift, smallest and largest binned reward, finiteness, and whether a valid reward
     lies outside ``[lo, hi]``.  With ``stash`` (float64 output) the binned rewards are
     kept in ``o`` for ``_write``."""
-    total = 0.0
     bmin = math.inf
     bmax = -math.inf
     low = math.inf
@@ -134,12 +141,17 @@ def _scan(g, o, stash, transform, lo, hi, clip, inv_delta, kmax, omit_nan):
             o[i] = b
         if n == 0:
             shift = b
-        total += b - shift
         low = min(low, v)
         high = max(high, v)
         bmin = min(bmin, b)
         bmax = max(bmax, b)
         n += 1
+    # The float sum in a loop of its own that writes nothing (see _ADDRESS_FREE_SUMS).
+    total = 0.0
+    for i in range(g.size):
+        v = np.float64(g[i])
+        if not (omit_nan and math.isnan(v)):
+            total += (_bin(v, lo, hi, clip, inv_delta, kmax) if transform else v) - shift
     finite = n == 0 or _all_finite(nan_free, low, high)
     return n, shift, total, bmin, bmax, finite, low < lo or high > hi
 
@@ -314,7 +326,6 @@ def _maxnorm_binned(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons
         if n == 0:
             continue
         shift = _bin(np.float64(g[0]), lo, hi, clip, inv_delta, kmax)
-        total = 0.0
         n_finite = 0
         kmin = _NO_BIN
         kbig = -_NO_BIN
@@ -326,9 +337,15 @@ def _maxnorm_binned(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons
             # (a NaN reward gives some index here, on x86 INT64_MIN; its group is flagged)
             kmin = min(kmin, np.int64(k))
             kbig = max(kbig, np.int64(k))
-            b = min(lo + k / inv_delta, hi)
-            total += b - shift
-            o[i] = b  # float32 output: rounded, and binned again below
+            o[i] = min(lo + k / inv_delta, hi)  # float32 output: rounded, binned again below
+        # The float sum in a loop of its own that writes nothing (see _ADDRESS_FREE_SUMS).
+        total = 0.0
+        if stash:
+            for i in range(n):
+                total += o[i] - shift
+        else:
+            for i in range(n):
+                total += _bin(np.float64(g[i]), lo, hi, clip, inv_delta, kmax) - shift
         shift, mean, factor = _centering(n, total, shift, loo, raw_singletons)
         m = _max_abs_u(min(lo + kmin / inv_delta, hi), min(lo + kbig / inv_delta, hi), shift,
                        mean, factor)
