@@ -25,13 +25,26 @@ class Case:
     notes: list[str] = field(default_factory=list)
 
 
-def best_time(fn: Callable[[], object], *, min_total: float = 0.2, repeat: int = 5) -> float:
-    """Best per-call time in seconds over ``repeat`` rounds of an auto-sized loop."""
-    fn()  # warm-up: compilation, caches, page faults of the first allocation
-    timer = timeit.Timer(fn)
-    number, elapsed = timer.autorange()
-    number = max(1, int(number * min_total / max(elapsed, 1e-9)))
-    return min(timer.repeat(repeat=repeat, number=number)) / number
+def best_times(candidates: dict[str, Callable[[], object]], *, min_total: float = 0.2,
+               rounds: int = 15) -> dict[str, float]:
+    """Best per-call time in seconds of each candidate over ``rounds`` rounds.
+
+    The rounds interleave the candidates (A, B, C, A, B, C, ...), so that a burst of load
+    from elsewhere on the machine (a shared VM) slows every candidate of a round rather
+    than one of them: ratios measured side by side stay comparable.
+    """
+    timers = {}
+    for label, fn in candidates.items():
+        fn()  # warm-up: compilation, caches, page faults of the first allocation
+        timer = timeit.Timer(fn)
+        number, elapsed = timer.autorange()
+        number = max(1, int(number * min_total / rounds / max(elapsed, 1e-9)))
+        timers[label] = (timer, number)
+    best = {label: float("inf") for label in candidates}
+    for _ in range(rounds):
+        for label, (timer, number) in timers.items():
+            best[label] = min(best[label], timer.timeit(number) / number)
+    return best
 
 
 def fresh_process_time(code: str, env: dict[str, str] | None = None, runs: int = 3) -> float:

@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 
 import benchmarks
-from benchmarks import best_time
+from benchmarks import best_times
 
 
 def _format_time(seconds: float) -> str:
@@ -29,7 +29,7 @@ def main() -> None:
         for case in module.cases(args.quick):
             if args.only not in case.name:
                 continue
-            times = {label: best_time(fn) for label, fn in case.candidates.items()}
+            times = best_times(case.candidates)
             base = times[case.baseline]
             print(f"\n{case.name}" + (f"   [target: {case.target}]" if case.target else ""))
             for label, t in times.items():
