@@ -208,3 +208,22 @@ def test_generic_targets_take_the_plain_loops():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=env, check=True)
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("ddof", [0, 1, 2])
+def test_reciprocal_table_agrees_with_the_divisions(ddof):
+    from advcal._kernels import reciprocals
+
+    @njit(cache=False, error_model="numpy")  # as the kernels: x / 0 is inf, not an error
+    def both(n, ddof):
+        return (reciprocals.lookup(reciprocals.reciprocal_table(ddof), n, ddof),
+                reciprocals.group_reciprocals(n, ddof))
+
+    for n in [0, 1, 2, 3, 17, reciprocals.SMALL - 1, reciprocals.SMALL, 1000]:
+        from_table, divided = both(n, ddof)
+        assert np.array(from_table).tobytes() == np.array(divided).tobytes(), n
+        count = np.float64(n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            expected = (1.0 / max(count, 1.0), 1.0 / (count - ddof),
+                        1.0 / ((count - 1.0) / count))
+        np.testing.assert_array_equal(divided, expected)

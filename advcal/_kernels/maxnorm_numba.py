@@ -39,6 +39,7 @@ from advcal._kernels import masked
 from advcal._kernels.masked import group_sums, write_binned, write_weights
 from advcal._kernels.modes import EXACT
 from advcal._kernels.pool import compile_serial, run_over_groups
+from advcal._kernels.reciprocals import group_reciprocals, lookup, reciprocal_table
 
 # "nsz" (min/max may ignore the sign of zero) and "reassoc" (group sums vectorize; one
 # compiled copy runs on every thread, so the order LLVM picks is the same everywhere).
@@ -198,14 +199,20 @@ def _max_abs_u(bmin, bmax, shift, mean, factor):
 
 
 @njit(cache=True, inline="always")
-def _plain_group(n, total, shift, low, high, tau, loo, dead_zone, raw_singletons, lo, hi):
+def _plain_group(n, total, shift, low, high, inv_n, loo_factor, tau, loo, dead_zone,
+                 raw_singletons, lo, hi):
     """The scalars of one group of ``maxnorm`` without binning, from its size n >= 1, the
-    sum of v - shift and its extreme rewards: (shift, mean, factor) of u, the scale s, and
-    whether the group is bad (a non-finite reward or u), lies outside ``[lo, hi]``, and
-    is kept.  No branch depends on low or high (unspecified after a NaN; the total is
-    then NaN and the group flagged): & and | instead of "and" and "or"."""
+    sum of v - shift, its extreme rewards and ``reciprocals.group_reciprocals``: (shift,
+    mean, factor) of u = ((v - shift) - mean) * factor, the scale s, and whether the group
+    is bad (a non-finite reward or u), lies outside ``[lo, hi]``, and is kept.  A lone
+    response (shift = itself, mean 0) centers to exact 0; ``raw_singletons`` sets its
+    baseline to 0 instead (verl's convention).  No branch depends on low or high
+    (unspecified after a NaN; the total is then NaN and the group flagged): & and |
+    instead of "and" and "or"."""
     outside = (low < lo) | (high > hi)
-    shift, mean, factor = _centering(n, total, shift, loo, raw_singletons)
+    shift = 0.0 if (n == 1) & raw_singletons else shift
+    mean = total * inv_n
+    factor = loo_factor if loo & (n >= 2) else 1.0
     m = _max_abs_u(low, high, shift, mean, factor)
     bad = not (_is_finite(total) & _is_finite(m))
     s = max(0.0 if m < dead_zone else m, tau)
@@ -400,8 +407,10 @@ def _maxnorm_plain(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons,
             total += v - shift
             low = _min_no_nan(low, v)
             high = _max_no_nan(high, v)
+        inv_n, _, loo_factor = group_reciprocals(n, 0)
         shift, mean, factor, s, bad, outside, group_keep = _plain_group(
-            n, total, shift, low, high, tau, loo, dead_zone, raw_singletons, lo, hi)
+            n, total, shift, low, high, inv_n, loo_factor, tau, loo, dead_zone,
+            raw_singletons, lo, hi)
         n_bad += bad
         n_out += outside
         if per_group:
@@ -431,6 +440,7 @@ def _maxnorm_plain_masked(offsets, scale, keep, x, tau, loo, dead_zone, raw_sing
     per_group = scale.size > 0
     n_bad = 0
     n_out = 0
+    table = reciprocal_table(0)
     for q in range(offsets.size - 1):
         start = offsets[q]
         n = offsets[q + 1] - start
@@ -440,8 +450,10 @@ def _maxnorm_plain_masked(offsets, scale, keep, x, tau, loo, dead_zone, raw_sing
         if n == 0:
             continue
         shift, total, _, low, high = group_sums(x, start, n)
+        inv_n, _, loo_factor = lookup(table, n, 0)
         shift, mean, factor, s, bad, outside, group_keep = _plain_group(
-            n, total, shift, low, high, tau, loo, dead_zone, raw_singletons, lo, hi)
+            n, total, shift, low, high, inv_n, loo_factor, tau, loo, dead_zone,
+            raw_singletons, lo, hi)
         n_bad += bad
         n_out += outside
         if per_group:

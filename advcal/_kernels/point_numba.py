@@ -28,6 +28,7 @@ from advcal._kernels import masked
 from advcal._kernels.masked import group_sum_squares, group_sums, write_centered
 from advcal._kernels.modes import EXACT, FASTMATH, FIXED, GRPO, RLOO
 from advcal._kernels.pool import compile_serial, run_over_groups
+from advcal._kernels.reciprocals import group_reciprocals, lookup, reciprocal_table
 
 
 @njit(cache=True, inline="always", fastmath=set(FASTMATH))
@@ -90,27 +91,27 @@ def _statistics(offsets, count, shift, mean, ss, x, omit_nan):
 
 
 @njit(cache=True, inline="always", fastmath=set(FASTMATH))
-def _scale_factor(n, ss, shift, mean, mode, eps, ddof, raw_singletons, divisor):
+def _scale_factor(n, ss, shift, mean, inv_dof, loo, mode, eps, raw_singletons, divisor):
     """(factor, norm², shift, mean) of one group with n valid rewards, sum of squared
     deviations ``ss`` and mean ``shift + mean``: its advantages are
     (v - (shift + mean)) * factor, and ``norm²`` their squared L2 norm (NaN for a group
-    with a non-finite reward).  A lone response that keeps its raw reward gets shift and
-    mean 0.  A factor of 0 gives the group exact zeros: every deviation is then +0 * 0.
-    Selects below ``mode`` (loop-invariant), not branches: nothing to mispredict."""
-    count = np.float64(n)
+    with a non-finite reward).  ``inv_dof`` = 1 / (n - ddof) and ``loo`` = n / (n - 1)
+    come from the caller (a table, for small groups).  A lone response that keeps its
+    raw reward gets shift and mean 0.  A factor of 0 gives the group exact zeros: every
+    deviation is then +0 * 0.  Selects below ``mode`` (loop-invariant), not branches."""
     if mode == GRPO:
-        divisor_ = math.sqrt(ss / (count - ddof)) + eps
+        factor = 1.0 / (math.sqrt(ss * inv_dof) + eps)
         lone = 1.0 + eps
     elif mode == RLOO:
-        divisor_ = (count - 1.0) / count
+        factor = loo
         lone = 1.0
     elif mode == FIXED:
-        divisor_ = divisor
+        factor = 1.0 / divisor
         lone = divisor
     else:
-        divisor_ = 1.0
+        factor = 1.0
         lone = 1.0
-    factor = 1.0 / divisor_ if (n >= 2) & (ss > 0.0) else 0.0
+    factor = factor if (n >= 2) & (ss > 0.0) else 0.0
     norm = ss * factor * factor
     # verl's convention for a lone response: mean 0 and std 1.
     raw = (n == 1) & raw_singletons
@@ -131,19 +132,21 @@ def _center_scale_masked(offsets, x, mode, eps, ddof, raw_singletons, divisor, l
     the branch predictor gets its exit right even where group sizes vary.
     """
     n_bad = 0
+    table = reciprocal_table(ddof)
     for q in range(offsets.size - 1):
         lo = offsets[q]
         n = offsets[q + 1] - lo
         shift, t1, t2, _, _ = group_sums(x, lo, n)
-        mean = t1 / max(n, 1)
+        inv_n, inv_dof, loo = lookup(table, n, ddof)
+        mean = t1 * inv_n
         # t1 and t2 come from one pass; t2 - t1 * mean cancels, with a rounding error of a
         # few ulps of t2.  Where t2 > 8 ss (more than 3 bits lost: the shift lies far out
         # in the group's tail) the sum of squares is taken again around the mean.
         ss = t2 - t1 * mean
         if not t2 <= 8.0 * ss:
             ss = group_sum_squares(x, lo, n, shift, mean)
-        factor, norm, shift, mean = _scale_factor(n, ss, shift, mean, mode, eps, ddof,
-                                                  raw_singletons, divisor)
+        factor, norm, shift, mean = _scale_factor(n, ss, shift, mean, inv_dof, loo, mode,
+                                                  eps, raw_singletons, divisor)
         n_bad += not norm <= limit * limit
         write_centered(x, out, lo, n, shift, mean, factor)
     return n_bad
@@ -158,7 +161,8 @@ def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, omit_nan, divisor
         g = x[offsets[q]:offsets[q + 1]]
         o = out[offsets[q]:offsets[q + 1]]
         n, shift, mean, ss = _moments(g, omit_nan)
-        factor, norm, shift, mean = _scale_factor(n, ss, shift, mean, mode, eps, ddof,
+        _, inv_dof, loo = group_reciprocals(n, ddof)
+        factor, norm, shift, mean = _scale_factor(n, ss, shift, mean, inv_dof, loo, mode, eps,
                                                   raw_singletons, divisor)
         n_bad += not norm <= limit * limit
         if omit_nan:
