@@ -8,8 +8,9 @@ arithmetic.  These loops instead cover a group in chunks of ``CHUNK`` rewards, a
 remains.  A kernel's write loop repeats the trip count of its sums loop just before, and
 the branch predictor, having just seen it, gets that exit right.  Measured serially on
 2**15 groups (grpo): 0.97 ns a reward on random sizes 2..30, 1.40 with LLVM's loops; 0.81
-against 0.84 on groups of 16 (0.90 and 0.72 with ``reciprocals``).  Masked-off lanes are neither read nor written
-(``llvm.masked.load`` and ``llvm.masked.store``), so no access leaves the group.
+against 0.84 on groups of 16 (0.90 and 0.72 with ``reciprocals``).  Masked-off lanes are
+neither read nor written (``llvm.masked.load`` and ``llvm.masked.store``), so no access
+leaves the group.
 
 Arithmetic is float64 whatever the array dtype, in a fixed order (blocks pairwise, then
 lanes pairwise).  The intrinsics add no fast-math flags of their own (but for "nnan" on
@@ -19,6 +20,10 @@ its code, so the kernels that call them are compiled without any (``modes.EXACT`
 Every intrinsic takes a 1-D C-contiguous float32/float64 array, the index ``lo`` of the
 group's first reward and its size ``n``; callers guarantee ``0 <= lo`` and
 ``lo + n <= x.size``.
+
+numba's on-disk cache keys a kernel on its own module's file only: after editing this
+file, delete the ``*.nbi``/``*.nbc`` files under ``advcal/_kernels/__pycache__`` (or touch
+the kernel modules), or the cached kernels keep the old loops.
 
 Where the CPU has no masked vector loads and stores (x86 before AVX2, ARM without SVE),
 LLVM emulates them lane by lane: grpo then measured 2.3-2.6 ns a reward against 1.1-1.6

@@ -459,7 +459,7 @@ def _maxnorm_plain_masked(offsets, scale, keep, x, tau, loo, dead_zone, raw_sing
         if per_group:
             keep[q] = group_keep
             scale[q] = s
-        if dead_zone > 0.0:  # (the select measured 10% on the common call without)
+        if dead_zone > 0.0:  # None: a loop without the dead zone's select
             write_weights(x, out, start, n, shift, mean, factor, s, dead_zone)
         else:
             write_weights(x, out, start, n, shift, mean, factor, s, None)
