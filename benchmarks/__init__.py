@@ -26,24 +26,33 @@ class Case:
 
 
 def best_times(candidates: dict[str, Callable[[], object]], *, min_total: float = 0.2,
-               rounds: int = 15) -> dict[str, float]:
+               rounds: int = 15, apart: float = 5.0) -> dict[str, float]:
     """Best per-call time in seconds of each candidate over ``rounds`` rounds.
 
     The rounds interleave the candidates (A, B, C, A, B, C, ...), so that a burst of load
     from elsewhere on the machine (a shared VM) slows every candidate of a round rather
-    than one of them: ratios measured side by side stay comparable.
+    than one of them: ratios measured side by side stay comparable.  A candidate ``apart``
+    times slower than the fastest (a numpy reference with large temporaries) gets rounds
+    of its own afterwards: interleaved, the memory it had just freed slowed the first
+    touch of the next candidate's output (maxnorm kernel, 2**24 ragged rewards: 1.41x a
+    memory copy alone, 1.63x interleaved with the numpy peer).
     """
     timers = {}
     for label, fn in candidates.items():
         fn()  # warm-up: compilation, caches, page faults of the first allocation
         timer = timeit.Timer(fn)
         number, elapsed = timer.autorange()
-        number = max(1, int(number * min_total / rounds / max(elapsed, 1e-9)))
-        timers[label] = (timer, number)
+        timers[label] = (timer, number, elapsed / number)
+    fastest = min(per_call for _, _, per_call in timers.values())
+    groups = [[label for label, (_, _, t) in timers.items() if (t > apart * fastest) == slow]
+              for slow in (False, True)]
     best = {label: float("inf") for label in candidates}
-    for _ in range(rounds):
-        for label, (timer, number) in timers.items():
-            best[label] = min(best[label], timer.timeit(number) / number)
+    for group in groups:
+        for _ in range(rounds):
+            for label in group:
+                timer, number, per_call = timers[label]
+                calls = max(1, int(min_total / rounds / per_call))
+                best[label] = min(best[label], timer.timeit(calls) / calls)
     return best
 
 
