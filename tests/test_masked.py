@@ -227,3 +227,17 @@ def test_reciprocal_table_agrees_with_the_divisions(ddof):
             expected = (1.0 / max(count, 1.0), 1.0 / (count - ddof),
                         1.0 / ((count - 1.0) / count))
         np.testing.assert_array_equal(divided, expected)
+
+
+@pytest.mark.parametrize(("features", "expected"), [
+    ("+avx2,+fma", "False"),  # AVX2 alone: LLVM's loops (its masked stores are slow on AMD)
+    ("+avx2,+avx512f", "False"),  # no VL: no 256-bit masked float32 blocks
+    ("+avx2,+avx512f,+avx512vl", "True"),
+])
+def test_masked_loops_need_avx512(features, expected):
+    code = "from advcal._kernels import masked; print(masked.ENABLED)"
+    env = {**os.environ, "NUMBA_CPU_FEATURES": features}
+    env.pop("ADVCAL_GROUP_LOOPS", None)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, check=True)
+    assert result.stdout.strip() == expected
