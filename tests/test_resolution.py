@@ -597,7 +597,8 @@ def test_garbage_input_gives_only_advcal_errors(rewards, offsets, tau, resolutio
 
 
 def _kernel_runs(x, offsets, out):
-    """Every loop kernel of maxnorm_numba (and center_scale's), writing into ``out``."""
+    """Every kernel of maxnorm_numba and center_scale's (plain and masked loops), writing
+    into ``out``."""
     no_scale, no_keep = maxnorm_numba._NO_SCALE, maxnorm_numba._NO_KEEP
     common = (offsets, no_scale, no_keep, x, 0.01, True, 0.0, False)
     yield lambda: maxnorm_numba._maxnorm_binned_kernel(*common, 0.0, 1.0, False, 20.0, 20.0,
@@ -609,6 +610,14 @@ def _kernel_runs(x, offsets, out):
     yield lambda: maxnorm_numba._maxnorm_plain_kernel(*common, -np.inf, np.inf, out)
     yield lambda: point_numba._center_scale_kernel(offsets, x, GRPO, 1e-6, 1, False, False,
                                                    1.0, np.inf, out)
+    yield lambda: maxnorm_numba._maxnorm_plain_masked_kernel(*common, -np.inf, np.inf, out)
+    yield lambda: point_numba._center_scale_masked_kernel(offsets, x, GRPO, 1e-6, 1, False,
+                                                          1.0, np.inf, out)
+    keep = np.empty(offsets.size - 1, dtype=np.bool_)
+    for kernel in (maxnorm_numba._resolve_kernel, maxnorm_numba._resolve_masked_kernel):
+        args = ((0.0, 1.0, False, 0.05, 20.0, 20.0, False)
+                if kernel is maxnorm_numba._resolve_kernel else (0.0, 1.0, False, 20.0, 20.0))
+        yield lambda kernel=kernel, args=args: kernel(offsets, keep, x, *args, out)
 
 
 @pytest.mark.parametrize("seed", [None, 3, 4])
