@@ -150,16 +150,27 @@ def test_write_binned_matches_numpy(placed, clip, resolution):
     inv_delta = 1.0 / resolution
     kmax = float(np.floor((high - low) * inv_delta))
     out = np.full_like(x, SENTINEL)
-    n_nan, smallest, largest = _write_binned(x, out, lo, n, low, high, clip, inv_delta, kmax)
+    n_nan, smallest, largest, shift, total = _write_binned(x, out, lo, n, low, high, clip,
+                                                           inv_delta, kmax)
     g = x[lo:lo + n].astype(np.float64)
     v = np.clip(g, low, high) if clip else g
     k = np.clip(np.rint((v - low) * inv_delta), 0.0, kmax)
-    expected = np.minimum(low + k / inv_delta, high).astype(x.dtype)
-    np.testing.assert_array_equal(out[lo:lo + n], expected)
+    binned = np.minimum(low + k / inv_delta, high)
+    np.testing.assert_array_equal(out[lo:lo + n], binned.astype(x.dtype))
     assert _outside_untouched(out, lo, n)
     assert n_nan == 0
     if n:
         assert (smallest, largest) == (g.min(), g.max())
+        assert shift == binned[0]
+        # float64 sums of the unrounded bins in another order than numpy's: each within
+        # (n - 1) eps sum|d| of the exact sum
+        d = binned - binned[0]
+        bound = 2 * (n - 1) * np.finfo(np.float64).eps * np.abs(d).sum()
+        assert total == pytest.approx(d.sum(), rel=0, abs=bound)
+        if k.min() == k.max():  # one bin: exactly 0
+            assert total == 0.0
+    else:
+        assert total == 0.0
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -167,7 +178,7 @@ def test_write_binned_counts_nan(dtype):
     x = np.linspace(0.0, 1.0, 19).astype(dtype)
     x[[2, 9, 17]] = np.nan
     out = np.full_like(x, SENTINEL)
-    n_nan, _, _ = _write_binned(x, out, 1, 16, 0.0, 1.0, False, 10.0, 10.0)
+    n_nan, *_ = _write_binned(x, out, 1, 16, 0.0, 1.0, False, 10.0, 10.0)
     assert n_nan == 2  # x[17] lies outside the group x[1:17]
     assert out[0] == out[17] == out[18] == SENTINEL
 

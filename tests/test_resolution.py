@@ -567,7 +567,8 @@ def test_a_bad_or_out_of_bounds_group_in_any_chunk_is_found(where, resolution):
 
 def test_kernels_are_cached_on_disk():
     for name in ("_maxnorm_kernel", "_resolve_kernel", "_maxnorm_plain_kernel",
-                 "_maxnorm_plain_masked_kernel", "_resolve_masked_kernel"):
+                 "_maxnorm_plain_masked_kernel", "_resolve_masked_kernel",
+                 "_maxnorm_binned_kernel", "_maxnorm_binned_masked_kernel"):
         assert getattr(maxnorm_numba, name)._cache.__class__.__name__ == "FunctionCache"
 
 
@@ -603,6 +604,8 @@ def _kernel_runs(x, offsets, out):
     common = (offsets, no_scale, no_keep, x, 0.01, True, 0.0, False)
     yield lambda: maxnorm_numba._maxnorm_binned_kernel(*common, 0.0, 1.0, False, 20.0, 20.0,
                                                        out)
+    yield lambda: maxnorm_numba._maxnorm_binned_masked_kernel(*common, 0.0, 1.0, False, 20.0,
+                                                              20.0, out)
     yield lambda: maxnorm_numba._maxnorm_kernel(*common, 0.0, 1.0, True, 0.0, 0.0, 0.0, False,
                                                 out)
     yield lambda: maxnorm_numba._maxnorm_kernel(*common, 0.0, 1.0, True, 0.05, 20.0, 20.0,

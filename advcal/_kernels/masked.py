@@ -433,13 +433,16 @@ def write_binned(typingctx: Any, x: Any, out: Any, lo_index: Any, n: Any, lo: An
                  hi: Any, clip: Any, inv_delta: Any, kmax: Any) -> Any:
     """Bin the group at ``lo_index`` into ``out`` (the Reward-Resolution Protocol):
     ``k = min(max(rint((v - lo) * inv_delta), 0), kmax)`` after an optional clip of v to
-    ``[lo, hi]``, ``out[i] = min(lo + k / inv_delta, hi)``.  Returns ``(n_nan, low,
-    high)``: the number of NaN rewards and the smallest and largest reward (unspecified
-    if ``n_nan > 0``; both the first reward, or 0.0, for n <= 1).  Binning is monotone,
-    so the extreme bin indices are those of ``low`` and ``high``."""
+    ``[lo, hi]``, ``out[i] = min(lo + k / inv_delta, hi)``.  Returns ``(n_nan, low, high,
+    shift, total)``: the number of NaN rewards, the smallest and largest reward
+    (unspecified if ``n_nan > 0``; both the first reward, or 0.0, for n <= 1), the first
+    binned reward and the sum of binned rewards minus it, in float64 whatever the dtype
+    of ``out`` (a group of equal bins sums to exactly 0; NaN rewards leave the sum
+    unspecified).  Binning is monotone, so the extreme bin indices are those of ``low``
+    and ``high``."""
     if not (_is_flat_float(x) and _is_flat_float(out)):
         return None
-    sig = types.Tuple((types.intp, types.float64, types.float64))(
+    sig = types.Tuple((types.intp, *[types.float64] * 4))(
         x, out, types.intp, types.intp, types.float64, types.float64, types.boolean,
         types.float64, types.float64)
 
@@ -452,10 +455,20 @@ def write_binned(typingctx: Any, x: Any, out: Any, lo_index: Any, n: Any, lo: An
             _splat(builder, value) for value in (lo_value, hi_value, inv_value, kmax_value))
         zero = ir.Constant(_V64, [0.0] * LANES)
         clip_flag = builder.trunc(clip_value, _I1) if clip_value.type != _I1 else clip_value
+        def bin_lanes(v: ir.Value) -> ir.Value:
+            v = builder.select(clip_flag, _clamp(builder, v, lo_splat, hi_splat), v)
+            index = _math(builder, "rint", builder.fmul(builder.fsub(v, lo_splat), inv_splat))
+            index = _clamp(builder, index, zero, kmax_splat)
+            return _min(builder)(builder.fadd(lo_splat, builder.fdiv(index, inv_splat)),
+                                 hi_splat)
+
         first_reward = _first_reward(builder, source, n_value)
+        # the first reward binned by the same lane operations as every reward
+        shift_splat = bin_lanes(_splat(builder, first_reward))
         n_nan = cgutils.alloca_once_value(builder, ir.Constant(_I64, 0))
         lows = _Accumulators(builder, float("inf"))
         highs = _Accumulators(builder, float("-inf"))
+        sums = _Accumulators(builder, 0.0)
         for start in _chunks(builder, n_value):
             for k, first, mask in _blocks(builder, start, n_value):
                 # masked-off lanes hold the first reward, a member: no extreme changes
@@ -465,16 +478,15 @@ def write_binned(typingctx: Any, x: Any, out: Any, lo_index: Any, n: Any, lo: An
                 builder.store(builder.add(builder.load(n_nan), _count(builder, nan)), n_nan)
                 lows.update(builder, k, _min(builder), v)
                 highs.update(builder, k, _max(builder), v)
-                v = builder.select(clip_flag, _clamp(builder, v, lo_splat, hi_splat), v)
-                index = _math(builder, "rint",
-                              builder.fmul(builder.fsub(v, lo_splat), inv_splat))
-                index = _clamp(builder, index, zero, kmax_splat)
-                binned = _min(builder)(builder.fadd(lo_splat, builder.fdiv(index, inv_splat)),
-                                       hi_splat)
+                binned = bin_lanes(v)
+                # (masked-off lanes bin the first reward: their difference is 0 already)
+                sums.update(builder, k, builder.fadd, builder.fsub(binned, shift_splat))
                 _masked_store(builder, binned, target.pointer(builder, first), mask,
                               target.element)
         results = [builder.load(n_nan), lows.total(builder, _min(builder)),
-                   highs.total(builder, _max(builder))]
+                   highs.total(builder, _max(builder)),
+                   builder.extract_element(shift_splat, ir.Constant(_I32, 0)),
+                   sums.total(builder, builder.fadd)]
         return context.make_tuple(builder, signature.return_type, results)
 
     return sig, codegen

@@ -11,10 +11,11 @@ arithmetic is float64 whatever the reward dtype.  Groups are read through views
 mean and the extreme binned rewards, which give ``max |u|`` directly (u is an increasing
 affine map of the binned reward), so the second pass can write ``w = u / s`` at once.
 
-The common calls (``maxnorm`` without binning, clipping or omitted NaN; ``resolve_rewards``
-without omitted NaN) run in the masked loops of ``masked``, compiled without fast-math
-flags (``modes.EXACT``), where ``masked.ENABLED``; elsewhere, and for the other calls,
-plain loops that LLVM vectorizes.
+The common calls (``maxnorm`` without binning, clipping or omitted NaN; ``maxnorm`` with
+binning and a float64 output, without omitted NaN; ``resolve_rewards`` without omitted
+NaN) run in the masked loops of ``masked``, compiled without fast-math flags
+(``modes.EXACT``), where ``masked.ENABLED``; elsewhere, and for the other calls, plain
+loops that LLVM vectorizes.
 
 Every kernel returns ``(n_bad, n_out)`` for the wrapper's O(1) checks: the number of
 groups with a non-finite valid reward (or an overflowing max |u|), and of groups with a
@@ -227,7 +228,8 @@ def _resolve_masked(offsets, keep, x, lo, hi, clip, inv_delta, kmax, out):
     for q in range(offsets.size - 1):
         start = offsets[q]
         n = offsets[q + 1] - start
-        n_nan, low, high = write_binned(x, out, start, n, lo, hi, clip, inv_delta, kmax)
+        n_nan, low, high, _, _ = write_binned(x, out, start, n, lo, hi, clip, inv_delta,
+                                              kmax)
         # (no branch on low/high, which a NaN leaves unspecified)
         n_bad += (n_nan != 0) | (not _is_finite(low)) | (not _is_finite(high))
         n_out += (n > 0) & ((low < lo) | (high > hi))
@@ -428,6 +430,16 @@ def _maxnorm_plain(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons,
     return n_bad, n_out
 
 
+@njit(cache=True, inline="always")
+def _write_group_weights(source, out, start, n, shift, mean, factor, s, dead_zone):
+    """``masked.write_weights`` of one group, without the dead zone's select where there is
+    none (the common call)."""
+    if dead_zone > 0.0:
+        write_weights(source, out, start, n, shift, mean, factor, s, dead_zone)
+    else:
+        write_weights(source, out, start, n, shift, mean, factor, s, None)
+
+
 def _maxnorm_plain_masked(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo,
                           hi, out):
     """``_maxnorm_plain`` in the masked loops of ``masked`` (one read of each group from
@@ -459,10 +471,47 @@ def _maxnorm_plain_masked(offsets, scale, keep, x, tau, loo, dead_zone, raw_sing
         if per_group:
             keep[q] = group_keep
             scale[q] = s
-        if dead_zone > 0.0:  # None: a loop without the dead zone's select
-            write_weights(x, out, start, n, shift, mean, factor, s, dead_zone)
-        else:
-            write_weights(x, out, start, n, shift, mean, factor, s, None)
+        _write_group_weights(x, out, start, n, shift, mean, factor, s, dead_zone)
+    return n_bad, n_out
+
+
+def _maxnorm_binned_masked(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo,
+                           hi, clip, inv_delta, kmax, out):
+    """``_maxnorm_binned`` in the masked loops of ``masked``, for a float64 output, which
+    holds the binned rewards exactly between the two passes: ``write_binned`` bins the
+    group into ``out`` and sums it, and ``write_weights`` turns the binned rewards into
+    weights in place (reading them back from L1).  Binning is monotone: the extreme bins
+    are those of the extreme rewards.
+    """
+    per_group = scale.size > 0
+    n_bad = 0
+    n_out = 0
+    table = reciprocal_table(0)
+    for q in range(offsets.size - 1):
+        start = offsets[q]
+        n = offsets[q + 1] - start
+        if per_group:
+            keep[q] = False
+            scale[q] = tau
+        if n == 0:
+            continue
+        n_nan, low, high, shift, total = write_binned(x, out, start, n, lo, hi, clip,
+                                                      inv_delta, kmax)
+        kmin = _bin_index(low, lo, hi, clip, inv_delta, kmax)
+        kbig = _bin_index(high, lo, hi, clip, inv_delta, kmax)
+        inv_n, _, loo_factor = lookup(table, n, 0)
+        # (its last two results, from the binned extremes, are not this group's: below)
+        shift, mean, factor, s, bad, _, _ = _plain_group(
+            n, total, shift, _bin(low, lo, hi, clip, inv_delta, kmax),
+            _bin(high, lo, hi, clip, inv_delta, kmax), inv_n, loo_factor, tau, loo,
+            dead_zone, raw_singletons, lo, hi)
+        # (no branch on low/high, which a NaN leaves unspecified)
+        n_bad += bad | (n_nan != 0) | (not _is_finite(low)) | (not _is_finite(high))
+        n_out += (low < lo) | (high > hi)
+        if per_group:
+            keep[q] = (n >= 2) & (kmin != kbig)
+            scale[q] = s
+        _write_group_weights(out, out, start, n, shift, mean, factor, s, dead_zone)
     return n_bad, n_out
 
 
@@ -472,6 +521,7 @@ _maxnorm_kernel = compile_serial(_maxnorm, FASTMATH)
 _maxnorm_plain_kernel = compile_serial(_maxnorm_plain, FASTMATH)
 _maxnorm_plain_masked_kernel = compile_serial(_maxnorm_plain_masked, EXACT)
 _maxnorm_binned_kernel = compile_serial(_maxnorm_binned, FASTMATH)
+_maxnorm_binned_masked_kernel = compile_serial(_maxnorm_binned_masked, EXACT)
 
 # Per-group outputs not requested: never written (size 0), so one pair serves every call.
 _NO_SCALE = np.empty(0)
@@ -511,7 +561,9 @@ def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta
         chunks = run_over_groups(plain, offsets, (scale, keep), x, tau, loo, dead_zone,
                                  raw_singletons, lo, hi, out, threaded=threaded)
     elif delta != 0.0 and not omit_nan:
-        chunks = run_over_groups(_maxnorm_binned_kernel, offsets, (scale, keep), x, tau, loo,
+        binned = (_maxnorm_binned_masked_kernel if masked.ENABLED and out.dtype == np.float64
+                  else _maxnorm_binned_kernel)
+        chunks = run_over_groups(binned, offsets, (scale, keep), x, tau, loo,
                                  dead_zone, raw_singletons, lo, hi, clip, inv_delta, kmax,
                                  out, threaded=threaded)
     else:
