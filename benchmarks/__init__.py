@@ -13,6 +13,8 @@ import timeit
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass
 class Case:
@@ -25,17 +27,43 @@ class Case:
     notes: list[str] = field(default_factory=list)
 
 
-def best_times(candidates: dict[str, Callable[[], object]], *, min_total: float = 0.2,
-               rounds: int = 15, apart: float = 5.0) -> dict[str, float]:
-    """Best per-call time in seconds of each candidate over ``rounds`` rounds.
+@dataclass
+class Rounds:
+    """Per-call times in seconds of each candidate, one per round, and which candidates
+    shared their rounds (see ``round_times``)."""
+
+    times: dict[str, list[float]]
+    together: list[list[str]]
+
+    def best(self, label: str) -> float:
+        return min(self.times[label])
+
+    def paired_ratio(self, label: str, baseline: str) -> float | None:
+        """Median over rounds of label's time over the baseline's in the same round, or
+        None if the two were not timed in the same rounds.
+
+        A round's two times share that round's conditions, so a slow stretch of a shared
+        machine cancels out of the ratio; the ratio of best times divides two minima that
+        may come from different stretches (on this 2-core VM a memory copy of 2**24
+        float64 ranged from 10.4 to 15.6 ms between runs).
+        """
+        if not any(label in group and baseline in group for group in self.together):
+            return None
+        ratios = np.asarray(self.times[label]) / np.asarray(self.times[baseline])
+        return float(np.median(ratios))
+
+
+def round_times(candidates: dict[str, Callable[[], object]], *, min_total: float = 0.2,
+                rounds: int = 15, apart: float = 5.0) -> Rounds:
+    """Time every candidate in ``rounds`` rounds.
 
     The rounds interleave the candidates (A, B, C, A, B, C, ...), so that a burst of load
     from elsewhere on the machine (a shared VM) slows every candidate of a round rather
-    than one of them: ratios measured side by side stay comparable.  A candidate ``apart``
-    times slower than the fastest (a numpy reference with large temporaries) gets rounds
-    of its own afterwards: interleaved, the memory it had just freed slowed the first
-    touch of the next candidate's output (maxnorm kernel, 2**24 ragged rewards: 1.41x a
-    memory copy alone, 1.63x interleaved with the numpy peer).
+    than one of them: ratios measured side by side stay comparable.  A candidate
+    ``apart`` times slower than the fastest (a numpy reference with large temporaries)
+    gets rounds of its own afterwards: interleaved, the memory it had just freed slowed
+    the first touch of the next candidate's output (maxnorm kernel, 2**24 ragged rewards:
+    1.41x a memory copy alone, 1.63x interleaved with the numpy peer).
     """
     timers = {}
     for label, fn in candidates.items():
@@ -44,16 +72,16 @@ def best_times(candidates: dict[str, Callable[[], object]], *, min_total: float 
         number, elapsed = timer.autorange()
         timers[label] = (timer, number, elapsed / number)
     fastest = min(per_call for _, _, per_call in timers.values())
-    groups = [[label for label, (_, _, t) in timers.items() if (t > apart * fastest) == slow]
-              for slow in (False, True)]
-    best = {label: float("inf") for label in candidates}
-    for group in groups:
+    together = [[label for label, (_, _, t) in timers.items() if (t > apart * fastest) == slow]
+                for slow in (False, True)]
+    times: dict[str, list[float]] = {label: [] for label in candidates}
+    for group in together:
         for _ in range(rounds):
             for label in group:
                 timer, number, per_call = timers[label]
                 calls = max(1, int(min_total / rounds / per_call))
-                best[label] = min(best[label], timer.timeit(calls) / calls)
-    return best
+                times[label].append(timer.timeit(calls) / calls)
+    return Rounds(times, [group for group in together if group])
 
 
 def fresh_process_time(code: str, env: dict[str, str] | None = None, runs: int = 3) -> float:

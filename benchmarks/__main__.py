@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 
 import benchmarks
-from benchmarks import best_times
+from benchmarks import round_times
 
 
 def _format_time(seconds: float) -> str:
@@ -29,11 +29,16 @@ def main() -> None:
         for case in module.cases(args.quick):
             if args.only not in case.name:
                 continue
-            times = best_times(case.candidates)
-            base = times[case.baseline]
+            rounds = round_times(case.candidates)
+            base = rounds.best(case.baseline)
             print(f"\n{case.name}" + (f"   [target: {case.target}]" if case.target else ""))
-            for label, t in times.items():
-                print(f"  {label:<38}{_format_time(t)}   {t / base:7.2f}x {case.baseline}")
+            for label in case.candidates:
+                best = rounds.best(label)
+                row = f"  {label:<38}{_format_time(best)}   {best / base:7.2f}x {case.baseline}"
+                paired = rounds.paired_ratio(label, case.baseline)
+                if paired is not None and label != case.baseline:
+                    row += f"   (paired rounds: median {paired:.2f}x)"
+                print(row)
             for note in case.notes:
                 print(f"  {note}")
 

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -20,10 +22,28 @@ def test_runner_prints_every_candidate_against_its_baseline():
         "rloo, 2**16 float64 rewards, dense groups of 16",
         "rloo, 2**16 float64 rewards, ragged groups of 2..30",
     ]
-    row = re.compile(r"  (.+?)\s+(\d+\.\d+) (s|ms|us|ns)\s+(\d+\.\d+)x (.+)")
+    row = re.compile(r"  (.+?)\s+(\d+\.\d+) (s|ms|us|ns)\s+(\d+\.\d+)x (.+?)"
+                     r"(?:   \(paired rounds: median (\d+\.\d+)x\))?")
     for _, *rows in cases:
         parsed = [row.fullmatch(line) for line in rows]
         assert all(parsed), rows
         baseline = parsed[0].group(5)  # every row names the case's baseline
         assert {match.group(5) for match in parsed} == {baseline}
         assert [m.group(4) for m in parsed if m.group(1) == baseline] == ["1.00"]
+        assert [m.group(6) for m in parsed if m.group(1) == baseline] == [None]
+    # the kernels are timed in the rounds of the memory copy, the numpy peer apart
+    kernel_rows = {m.group(1): m.group(6) for m in (row.fullmatch(line) for line in cases[2])
+                   if m}
+    assert kernel_rows["numba kernel"] is not None
+    assert kernel_rows["numpy-vectorized peer"] is None
+
+
+def test_paired_ratio_is_the_median_of_same_round_ratios():
+    from benchmarks import Rounds
+
+    rounds = Rounds({"copy": [1.0, 2.0, 4.0], "kernel": [1.5, 2.0, 6.0], "peer": [9.0]},
+                    [["copy", "kernel"], ["peer"]])
+    assert rounds.best("kernel") == 1.5
+    assert rounds.paired_ratio("kernel", "copy") == 1.5  # median of 1.5, 1.0, 1.5
+    assert rounds.paired_ratio("copy", "kernel") == pytest.approx(2 / 3)  # 2/3, 1, 2/3
+    assert rounds.paired_ratio("peer", "copy") is None
