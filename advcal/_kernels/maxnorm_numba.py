@@ -29,7 +29,6 @@ reductions, which LLVM leaves scalar).  Finiteness is never read off a float sum
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -540,13 +539,13 @@ def _checks(chunks):
 def resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan, threaded=None):
     out = np.empty_like(x)
     keep = np.empty(offsets.size - 1, dtype=np.bool_)
-    run = partial(run_over_groups, threaded=threaded, fresh_output=out)
     if masked.ENABLED and not omit_nan and inv_delta != 0.0:
-        chunks = run(_resolve_masked_kernel, offsets, (keep,), x, lo, hi, clip, inv_delta,
-                     kmax, out)
+        chunks = run_over_groups(_resolve_masked_kernel, offsets, (keep,), x, lo, hi, clip,
+                                 inv_delta, kmax, out, threaded=threaded, fresh_output=out)
     else:
-        chunks = run(_resolve_kernel, offsets, (keep,), x, lo, hi, clip, delta, inv_delta,
-                     kmax, omit_nan, out)
+        chunks = run_over_groups(_resolve_kernel, offsets, (keep,), x, lo, hi, clip, delta,
+                                 inv_delta, kmax, omit_nan, out, threaded=threaded,
+                                 fresh_output=out)
     return (out, keep, *_checks(chunks))
 
 
@@ -558,17 +557,19 @@ def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta
         keep = np.empty(offsets.size - 1, dtype=np.bool_)
     else:
         scale, keep = _NO_SCALE, _NO_KEEP
-    run = partial(run_over_groups, threaded=threaded, fresh_output=out)
     if not (clip or delta != 0.0 or omit_nan):
         plain = _maxnorm_plain_masked_kernel if masked.ENABLED else _maxnorm_plain_kernel
-        chunks = run(plain, offsets, (scale, keep), x, tau, loo, dead_zone, raw_singletons,
-                     lo, hi, out)
+        chunks = run_over_groups(plain, offsets, (scale, keep), x, tau, loo, dead_zone,
+                                 raw_singletons, lo, hi, out, threaded=threaded,
+                                 fresh_output=out)
     elif delta != 0.0 and not omit_nan:
         binned = (_maxnorm_binned_masked_kernel if masked.ENABLED and out.dtype == np.float64
                   else _maxnorm_binned_kernel)
-        chunks = run(binned, offsets, (scale, keep), x, tau, loo, dead_zone, raw_singletons,
-                     lo, hi, clip, inv_delta, kmax, out)
+        chunks = run_over_groups(binned, offsets, (scale, keep), x, tau, loo, dead_zone,
+                                 raw_singletons, lo, hi, clip, inv_delta, kmax, out,
+                                 threaded=threaded, fresh_output=out)
     else:
-        chunks = run(_maxnorm_kernel, offsets, (scale, keep), x, tau, loo, dead_zone,
-                     raw_singletons, lo, hi, clip, delta, inv_delta, kmax, omit_nan, out)
+        chunks = run_over_groups(_maxnorm_kernel, offsets, (scale, keep), x, tau, loo,
+                                 dead_zone, raw_singletons, lo, hi, clip, delta, inv_delta,
+                                 kmax, omit_nan, out, threaded=threaded, fresh_output=out)
     return (out, scale, keep, *_checks(chunks))

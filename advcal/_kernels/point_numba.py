@@ -20,7 +20,6 @@ loops that LLVM vectorizes.
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import numpy as np
 from numba import njit
@@ -275,13 +274,14 @@ _passk_kernel = compile_serial(_passk, FASTMATH)
 def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
                  threaded=None):
     out = np.empty_like(x)
-    run = partial(run_over_groups, threaded=threaded, fresh_output=out)
     if masked.ENABLED and not omit_nan:
-        n_bad = run(_center_scale_masked_kernel, offsets, (), x, mode, eps, ddof,
-                    raw_singletons, divisor, limit, out)
+        n_bad = run_over_groups(_center_scale_masked_kernel, offsets, (), x, mode, eps, ddof,
+                                raw_singletons, divisor, limit, out, threaded=threaded,
+                                fresh_output=out)
     else:
-        n_bad = run(_center_scale_kernel, offsets, (), x, mode, eps, ddof, raw_singletons,
-                    omit_nan, divisor, limit, out)
+        n_bad = run_over_groups(_center_scale_kernel, offsets, (), x, mode, eps, ddof,
+                                raw_singletons, omit_nan, divisor, limit, out,
+                                threaded=threaded, fresh_output=out)
     return out, sum(n_bad) == 0
 
 

@@ -76,7 +76,7 @@ def chunk_bounds(offsets: np.ndarray, n_chunks: int) -> np.ndarray:
 
 
 def _run_chunk(kernel: Any, call: tuple[Any, ...], fresh_output: np.ndarray | None) -> Any:
-    if fresh_output is not None:
+    if fresh_output is not None and fresh_output.nbytes >= MIN_BYTES:
         offsets = call[0]
         touch_page_ends(fresh_output, int(offsets[0]), int(offsets[-1]))
     return kernel(*call)
@@ -96,8 +96,6 @@ def run_over_groups(kernel: Any, offsets: np.ndarray, per_group: Sequence[np.nda
     element per reward, that the kernel writes in full; each chunk first touches its share
     of it as ``first_touch`` describes (outputs of ``first_touch.MIN_BYTES`` or more).
     """
-    if fresh_output is not None and fresh_output.nbytes < MIN_BYTES:
-        fresh_output = None
     if threaded is None:  # by size; small batches skip asking numba (0.7 us)
         n_values = int(offsets[-1])
         n_chunks = (min(n_threads(), n_values // MIN_VALUES_PER_THREAD)
@@ -105,6 +103,8 @@ def run_over_groups(kernel: Any, offsets: np.ndarray, per_group: Sequence[np.nda
     else:  # forced, whatever the size (tests)
         n_chunks = n_threads() if threaded else 1
     if n_chunks <= 1 or offsets.size <= 2:
+        if fresh_output is None or fresh_output.nbytes < MIN_BYTES:
+            return [kernel(offsets, *per_group, *args)]  # (small calls: no extra frame)
         return [_run_chunk(kernel, (offsets, *per_group, *args), fresh_output)]
     bounds = chunk_bounds(offsets, n_chunks)
     calls = [
