@@ -455,6 +455,7 @@ def write_binned(typingctx: Any, x: Any, out: Any, lo_index: Any, n: Any, lo: An
             _splat(builder, value) for value in (lo_value, hi_value, inv_value, kmax_value))
         zero = ir.Constant(_V64, [0.0] * LANES)
         clip_flag = builder.trunc(clip_value, _I1) if clip_value.type != _I1 else clip_value
+
         def bin_lanes(v: ir.Value) -> ir.Value:
             v = builder.select(clip_flag, _clamp(builder, v, lo_splat, hi_splat), v)
             index = _math(builder, "rint", builder.fmul(builder.fsub(v, lo_splat), inv_splat))
