@@ -54,6 +54,27 @@ def _write_binned(x, out, lo, n, low, high, clip, inv_delta, kmax):
     return masked.write_binned(x, out, lo, n, low, high, clip, inv_delta, kmax)
 
 
+@njit(cache=False)
+def _write_binned_weights(x, out, lo, n, low, high, clip, inv_delta, kmax, shift, mean,
+                          factor, scale, dead_zone):
+    masked.write_binned_weights(x, out, lo, n, low, high, clip, inv_delta, kmax, shift, mean,
+                                factor, scale, dead_zone)
+
+
+@njit(cache=False)
+def _write_binned_weights_no_dead_zone(x, out, lo, n, low, high, clip, inv_delta, kmax,
+                                       shift, mean, factor, scale):
+    masked.write_binned_weights(x, out, lo, n, low, high, clip, inv_delta, kmax, shift, mean,
+                                factor, scale, None)
+
+
+def _bins(g, low, high, clip, inv_delta, kmax):
+    """The Reward-Resolution Protocol in numpy, in float64: (bin indices, binned rewards)."""
+    v = np.clip(g, low, high) if clip else g
+    k = np.clip(np.rint((v - low) * inv_delta), 0.0, kmax)
+    return k, np.minimum(low + k / inv_delta, high)
+
+
 @st.composite
 def placed_groups(draw, *, values=None):
     """(array, lo, n): a group of 0..70 rewards (several chunks) inside an array, with
@@ -153,9 +174,7 @@ def test_write_binned_matches_numpy(placed, clip, resolution):
     n_nan, smallest, largest, shift, total = _write_binned(x, out, lo, n, low, high, clip,
                                                            inv_delta, kmax)
     g = x[lo:lo + n].astype(np.float64)
-    v = np.clip(g, low, high) if clip else g
-    k = np.clip(np.rint((v - low) * inv_delta), 0.0, kmax)
-    binned = np.minimum(low + k / inv_delta, high)
+    k, binned = _bins(g, low, high, clip, inv_delta, kmax)
     np.testing.assert_array_equal(out[lo:lo + n], binned.astype(x.dtype))
     assert _outside_untouched(out, lo, n)
     assert n_nan == 0
@@ -171,6 +190,30 @@ def test_write_binned_matches_numpy(placed, clip, resolution):
             assert total == 0.0
     else:
         assert total == 0.0
+
+
+@given(placed=placed_groups(), clip=st.booleans(),
+       resolution=st.sampled_from([0.01, 0.1, 1.0, 7.0, 250.0]), center=st.floats(-10, 10),
+       factor=st.floats(0.5, 2.0), scale=st.floats(1e-3, 1e3),
+       dead_zone=st.one_of(st.none(), st.floats(0.0, 5.0)))
+def test_write_binned_weights_matches_numpy(placed, clip, resolution, center, factor, scale,
+                                            dead_zone):
+    x, lo, n = placed
+    low, high = -100.0, 100.0
+    inv_delta = 1.0 / resolution
+    kmax = float(np.floor((high - low) * inv_delta))
+    out = np.full_like(x, SENTINEL)
+    binning = (low, high, clip, inv_delta, kmax)
+    if dead_zone is None:
+        _write_binned_weights_no_dead_zone(x, out, lo, n, *binning, center, 0.0, factor, scale)
+    else:
+        _write_binned_weights(x, out, lo, n, *binning, center, 0.0, factor, scale, dead_zone)
+    u = (_bins(x[lo:lo + n].astype(np.float64), *binning)[1] - center) * factor
+    if dead_zone is not None:
+        u = np.where(np.abs(u) < dead_zone, 0.0, u)
+    expected = np.clip(u * (1.0 / scale), -1.0, 1.0).astype(x.dtype)
+    np.testing.assert_array_equal(out[lo:lo + n], expected)
+    assert _outside_untouched(out, lo, n)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)

@@ -346,6 +346,21 @@ def group_sum_squares(typingctx: Any, x: Any, lo: Any, n: Any, shift: Any, mean:
     return sig, codegen
 
 
+def _map_group(context: Any, builder: ir.IRBuilder, signature: Any, args: Any,
+               lanes: Callable[[ir.Value], ir.Value]) -> Any:
+    """``out[i] = lanes(x[i])`` over the group of size ``n`` at ``lo``, for an intrinsic
+    whose first arguments are ``(x, out, lo, n)``; ``lanes`` maps float64 vectors."""
+    x_value, out_value, lo_value, n_value = args[:4]
+    source = _Group(context, builder, signature.args[0], x_value, lo_value)
+    target = _Group(context, builder, signature.args[1], out_value, lo_value)
+    for start in _chunks(builder, n_value):
+        for _, first, mask in _blocks(builder, start, n_value):
+            v = _masked_load(builder, source.pointer(builder, first), mask, source.element)
+            _masked_store(builder, lanes(v), target.pointer(builder, first), mask,
+                          target.element)
+    return context.get_dummy_value()
+
+
 @intrinsic
 def write_centered(typingctx: Any, x: Any, out: Any, lo: Any, n: Any, shift: Any,
                    mean: Any, factor: Any) -> Any:
@@ -359,17 +374,11 @@ def write_centered(typingctx: Any, x: Any, out: Any, lo: Any, n: Any, shift: Any
                      types.float64)
 
     def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
-        x_value, out_value, lo_value, n_value, shift_value, mean_value, factor_value = args
-        source = _Group(context, builder, signature.args[0], x_value, lo_value)
-        target = _Group(context, builder, signature.args[1], out_value, lo_value)
+        shift_value, mean_value, factor_value = args[4:]
         center_splat = _splat(builder, builder.fadd(shift_value, mean_value))
         factor_splat = _splat(builder, factor_value)
-        for start in _chunks(builder, n_value):
-            for _, first, mask in _blocks(builder, start, n_value):
-                v = _masked_load(builder, source.pointer(builder, first), mask, source.element)
-                a = builder.fmul(builder.fsub(v, center_splat), factor_splat)
-                _masked_store(builder, a, target.pointer(builder, first), mask, target.element)
-        return context.get_dummy_value()
+        return _map_group(context, builder, signature, args,
+                          lambda v: builder.fmul(builder.fsub(v, center_splat), factor_splat))
 
     return sig, codegen
 
@@ -380,6 +389,38 @@ def _clamp(builder: ir.IRBuilder, value: ir.Value, low: ir.Value, high: ir.Value
     return _min(builder)(_max(builder)(value, low), high)
 
 
+class _Weights:
+    """The lanes of MaxNorm weights: ``u = (v - (shift + mean)) * factor``, 0 where
+    ``|u| < dead_zone`` (``dead_zone`` None: no dead zone, and no select), then
+    ``min(max(u * (1 / scale), -1), 1)``."""
+
+    def __init__(self, builder: ir.IRBuilder, shift: ir.Value, mean: ir.Value,
+                 factor: ir.Value, scale: ir.Value, dead_zone: ir.Value | None) -> None:
+        self.builder = builder
+        self.center = _splat(builder, builder.fadd(shift, mean))
+        self.factor = _splat(builder, factor)
+        self.dead_zone = None if dead_zone is None else _splat(builder, dead_zone)
+        # one division per group, not per reward (a vector division costs as much as ten
+        # multiplications); u * (1 / s) is within an ulp of u / s, and the clamp keeps
+        # |w| <= 1 where that ulp would cross it
+        self.inverse = _splat(builder, builder.fdiv(ir.Constant(_F64, 1.0), scale))
+
+    def of(self, v: ir.Value) -> ir.Value:
+        builder = self.builder
+        u = builder.fmul(builder.fsub(v, self.center), self.factor)
+        if self.dead_zone is not None:
+            small = builder.fcmp_ordered("<", _math(builder, "fabs", u), self.dead_zone)
+            u = builder.select(small, ir.Constant(_V64, [0.0] * LANES), u)
+        return _clamp(builder, builder.fmul(u, self.inverse),
+                      ir.Constant(_V64, [-1.0] * LANES), ir.Constant(_V64, [1.0] * LANES))
+
+
+def _weights_typing(dead_zone: Any) -> tuple[Any, bool]:
+    """The type of a ``dead_zone`` argument (float64 or None) and whether there is one."""
+    with_dead_zone = not isinstance(dead_zone, types.NoneType)
+    return (types.float64 if with_dead_zone else dead_zone), with_dead_zone
+
+
 @intrinsic
 def write_weights(typingctx: Any, x: Any, out: Any, lo: Any, n: Any, shift: Any,
                   mean: Any, factor: Any, scale: Any, dead_zone: Any) -> Any:
@@ -388,37 +429,40 @@ def write_weights(typingctx: Any, x: Any, out: Any, lo: Any, n: Any, shift: Any,
     ``dead_zone=None``: no dead zone, and no select in the loop."""
     if not (_is_flat_float(x) and _is_flat_float(out)):
         return None
-    with_dead_zone = not isinstance(dead_zone, types.NoneType)
-    sig = types.void(x, out, types.intp, types.intp, types.float64, types.float64,
-                     types.float64, types.float64,
-                     types.float64 if with_dead_zone else dead_zone)
+    dead_zone_type, with_dead_zone = _weights_typing(dead_zone)
+    sig = types.void(x, out, types.intp, types.intp, *[types.float64] * 4, dead_zone_type)
 
     def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
-        x_value, out_value, lo_value, n_value = args[:4]
-        center_splat = _splat(builder, builder.fadd(args[4], args[5]))
-        factor_splat = _splat(builder, args[6])
-        dead_splat = _splat(builder, args[8]) if with_dead_zone else None
-        # one division per group, not per reward (a vector division costs as much as ten
-        # multiplications); u * (1 / s) is within an ulp of u / s, and the clamp below keeps
-        # |w| <= 1 where that ulp would cross it
-        inverse_splat = _splat(builder, builder.fdiv(ir.Constant(_F64, 1.0), args[7]))
-        source = _Group(context, builder, signature.args[0], x_value, lo_value)
-        target = _Group(context, builder, signature.args[1], out_value, lo_value)
-        zero = ir.Constant(_V64, [0.0] * LANES)
-        one = ir.Constant(_V64, [1.0] * LANES)
-        minus_one = ir.Constant(_V64, [-1.0] * LANES)
-        for start in _chunks(builder, n_value):
-            for _, first, mask in _blocks(builder, start, n_value):
-                v = _masked_load(builder, source.pointer(builder, first), mask, source.element)
-                u = builder.fmul(builder.fsub(v, center_splat), factor_splat)
-                if with_dead_zone:
-                    small = builder.fcmp_ordered("<", _math(builder, "fabs", u), dead_splat)
-                    u = builder.select(small, zero, u)
-                w = _clamp(builder, builder.fmul(u, inverse_splat), minus_one, one)
-                _masked_store(builder, w, target.pointer(builder, first), mask, target.element)
-        return context.get_dummy_value()
+        shift, mean, factor, scale = args[4:8]
+        weights = _Weights(builder, shift, mean, factor, scale,
+                           args[8] if with_dead_zone else None)
+        return _map_group(context, builder, signature, args, weights.of)
 
     return sig, codegen
+
+
+class _Binning:
+    """The lanes of the Reward-Resolution Protocol: ``k = min(max(rint((v - lo) *
+    inv_delta), 0), kmax)`` after an optional clip of v to ``[lo, hi]``, then
+    ``min(lo + k / inv_delta, hi)``."""
+
+    def __init__(self, builder: ir.IRBuilder, lo: ir.Value, hi: ir.Value, clip: ir.Value,
+                 inv_delta: ir.Value, kmax: ir.Value) -> None:
+        self.builder = builder
+        self.lo, self.hi, self.inv_delta, self.kmax = (
+            _splat(builder, value) for value in (lo, hi, inv_delta, kmax))
+        self.clip = builder.trunc(clip, _I1) if clip.type != _I1 else clip
+
+    def of(self, v: ir.Value) -> ir.Value:
+        builder = self.builder
+        v = builder.select(self.clip, _clamp(builder, v, self.lo, self.hi), v)
+        index = _math(builder, "rint", builder.fmul(builder.fsub(v, self.lo), self.inv_delta))
+        index = _clamp(builder, index, ir.Constant(_V64, [0.0] * LANES), self.kmax)
+        return _min(builder)(builder.fadd(self.lo, builder.fdiv(index, self.inv_delta)),
+                             self.hi)
+
+
+_BINNING_TYPES = (types.float64, types.float64, types.boolean, types.float64, types.float64)
 
 
 def _count(builder: ir.IRBuilder, flags: ir.Value) -> ir.Value:
@@ -443,29 +487,16 @@ def write_binned(typingctx: Any, x: Any, out: Any, lo_index: Any, n: Any, lo: An
     if not (_is_flat_float(x) and _is_flat_float(out)):
         return None
     sig = types.Tuple((types.intp, *[types.float64] * 4))(
-        x, out, types.intp, types.intp, types.float64, types.float64, types.boolean,
-        types.float64, types.float64)
+        x, out, types.intp, types.intp, *_BINNING_TYPES)
 
     def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
         x_value, out_value, lo_index, n_value = args[:4]
-        lo_value, hi_value, clip_value, inv_value, kmax_value = args[4:]
+        binning = _Binning(builder, *args[4:9])
         source = _Group(context, builder, signature.args[0], x_value, lo_index)
         target = _Group(context, builder, signature.args[1], out_value, lo_index)
-        lo_splat, hi_splat, inv_splat, kmax_splat = (
-            _splat(builder, value) for value in (lo_value, hi_value, inv_value, kmax_value))
-        zero = ir.Constant(_V64, [0.0] * LANES)
-        clip_flag = builder.trunc(clip_value, _I1) if clip_value.type != _I1 else clip_value
-
-        def bin_lanes(v: ir.Value) -> ir.Value:
-            v = builder.select(clip_flag, _clamp(builder, v, lo_splat, hi_splat), v)
-            index = _math(builder, "rint", builder.fmul(builder.fsub(v, lo_splat), inv_splat))
-            index = _clamp(builder, index, zero, kmax_splat)
-            return _min(builder)(builder.fadd(lo_splat, builder.fdiv(index, inv_splat)),
-                                 hi_splat)
-
         first_reward = _first_reward(builder, source, n_value)
         # the first reward binned by the same lane operations as every reward
-        shift_splat = bin_lanes(_splat(builder, first_reward))
+        shift_splat = binning.of(_splat(builder, first_reward))
         n_nan = cgutils.alloca_once_value(builder, ir.Constant(_I64, 0))
         lows = _Accumulators(builder, float("inf"))
         highs = _Accumulators(builder, float("-inf"))
@@ -479,7 +510,7 @@ def write_binned(typingctx: Any, x: Any, out: Any, lo_index: Any, n: Any, lo: An
                 builder.store(builder.add(builder.load(n_nan), _count(builder, nan)), n_nan)
                 lows.update(builder, k, _min(builder), v)
                 highs.update(builder, k, _max(builder), v)
-                binned = bin_lanes(v)
+                binned = binning.of(v)
                 # (masked-off lanes bin the first reward: their difference is 0 already)
                 sums.update(builder, k, builder.fadd, builder.fsub(binned, shift_splat))
                 _masked_store(builder, binned, target.pointer(builder, first), mask,
@@ -489,5 +520,29 @@ def write_binned(typingctx: Any, x: Any, out: Any, lo_index: Any, n: Any, lo: An
                    builder.extract_element(shift_splat, ir.Constant(_I32, 0)),
                    sums.total(builder, builder.fadd)]
         return context.make_tuple(builder, signature.return_type, results)
+
+    return sig, codegen
+
+
+@intrinsic
+def write_binned_weights(typingctx: Any, x: Any, out: Any, lo_index: Any, n: Any, lo: Any,
+                         hi: Any, clip: Any, inv_delta: Any, kmax: Any, shift: Any,
+                         mean: Any, factor: Any, scale: Any, dead_zone: Any) -> Any:
+    """``write_weights`` of the group's binned rewards, binned again from ``x`` as
+    ``write_binned`` bins them (in float64: for a float32 ``out``, which could not hold
+    them exactly between the passes)."""
+    if not (_is_flat_float(x) and _is_flat_float(out)):
+        return None
+    dead_zone_type, with_dead_zone = _weights_typing(dead_zone)
+    sig = types.void(x, out, types.intp, types.intp, *_BINNING_TYPES,
+                     *[types.float64] * 4, dead_zone_type)
+
+    def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+        binning = _Binning(builder, *args[4:9])
+        shift, mean, factor, scale = args[9:13]
+        weights = _Weights(builder, shift, mean, factor, scale,
+                           args[13] if with_dead_zone else None)
+        return _map_group(context, builder, signature, args,
+                          lambda v: weights.of(binning.of(v)))
 
     return sig, codegen
