@@ -623,8 +623,9 @@ def _kernel_runs(x, offsets, out):
         yield lambda kernel=kernel, args=args: kernel(offsets, keep, x, *args, out)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("seed", [None, 3, 4])
-def test_results_do_not_depend_on_where_the_output_lies(seed):
+def test_results_do_not_depend_on_where_the_output_lies(seed, dtype):
     # LLVM checks at run time whether a loop's output may overlap its input (for a batch
     # smaller than a few vector widths, placed just before its output) and then takes a
     # scalar copy of the loop; a float sum in such a loop came out in another order.
@@ -641,7 +642,7 @@ def test_results_do_not_depend_on_where_the_output_lies(seed):
     n = rewards.size
     results = {}
     for gap in (0, 1, 4, 16, 31, 64, 1000):
-        buffer = np.zeros(2 * n + gap)
+        buffer = np.zeros(2 * n + gap, dtype=dtype)
         x = buffer[:n]
         x[:] = rewards
         out = buffer[n + gap:]
