@@ -10,11 +10,11 @@ line on stderr, never a traceback).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -604,145 +604,66 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
                         help="no progress bars on stderr (they show only on a terminal)")
 
 
-class _BadInput(Exception):
-    """A problem with the user's file or options, reported as one line and exit code 2."""
+# --------------------------------------------------------------------------- diagnose
+
+# What each column of the diagnose table means, with its formula (w: the method's
+# advantages, s_q: its within-group scale, u_i = r_i - mean of the other rewards).
+_LEGEND = (
+    ("1/s P50..max", "inverse scale 1/s_q, the prompt's weight in the batch, over the "
+                     "informative groups (percentiles, linear interpolation): GRPO "
+                     "1/(std_q + eps) (ddof 1); Dr.GRPO, RLOO 1; MaxNorm "
+                     "1/max(max_i |u_i|, tau_res), at most 1/tau_res"),
+    ("zero-gap", "fraction of the groups with >= 2 responses the method skips (all rewards "
+                 "equal; for MaxNorm with --resolution, all binned rewards equal): weight 0"),
+    ("beta_eff min/max", "beta_eff,q = beta * s_q, the KL coefficient on the reward's own "
+                         "scale, over the informative groups"),
+    ("R/KL", "reward-to-KL ratio, mean over informative groups of mean_i |w_i| / beta "
+             "(= mean_i |u_i| / beta_eff,q for MaxNorm)"),
+    ("max|w|", "largest |advantage| in the batch"),
+    ("cosine", "with --second-col: <w, w'> / (|w| |w'|), w' the weights of the second "
+               "scoring (1: same update direction)"),
+)
+_EXPLAIN = (
+    "informative group: >= 2 responses and not skipped as zero-gap. A large 1/s P99 means a "
+    "few near-constant groups (a gap at grader-noise level) get most of the batch's weight; "
+    "a small beta_eff on those groups means the KL term barely holds them; R/KL far above 1 "
+    "means the reward branch dominates the KL branch. Groups with one response (or left "
+    "with one after bad rows were skipped) carry no relative information and enter no "
+    "statistic (the estimators' singleton='zero')."
+)
 
 
-class _RewardLog(NamedTuple):
-    rewards: np.ndarray
-    offsets: np.ndarray | None
-    group_ids: Any
-    second: np.ndarray | None
+def _legend(explain: bool, with_cosine: bool) -> str:
+    lines = ["columns:"]
+    for name, text in _LEGEND:
+        if name != "cosine" or with_cosine:
+            lines += textwrap.wrap(text, 100, initial_indent=f"  {name:<18}",
+                                   subsequent_indent=" " * 20)
+    if explain:
+        lines += textwrap.wrap(_EXPLAIN, 100)
+    return "\n".join(lines)
 
 
-_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".npz": "npz"}
-
-
-def _number(value: Any, what: str, where: str) -> float:
-    """A finite float from a CSV cell or a JSON value, else a one-line error."""
-    if isinstance(value, bool) or value is None or isinstance(value, (list, dict)):
-        raise _BadInput(f"{where}: {what} {json.dumps(value)} is not a number")
-    try:
-        number = float(value)
-    except ValueError:
-        raise _BadInput(f"{where}: {what} {value!r} is not a number") from None
-    if not math.isfinite(number):
-        raise _BadInput(f"{where}: {what} {value!r} is not a finite number")
-    return number
-
-
-def _columns(rows: list[tuple[str, dict[str, Any]]], group_col: str, reward_col: str,
-             second_col: str | None, *, csv_ids: bool) -> _RewardLog:
-    """Turn ``(where, row)`` records into a reward log, checking every cell."""
-    if not rows:
-        raise _BadInput("no rows (the file holds no responses)")
-    groups: list[Any] = []
-    rewards: list[float] = []
-    second: list[float] = []
-    for where, row in rows:
-        for column in (group_col, reward_col, second_col):
-            if column is not None and row.get(column) in (None, ""):
-                found = ", ".join(str(k) for k in row) or "none"
-                if column not in row:
-                    raise _BadInput(f"{where}: no column {column!r} (columns: {found})")
-                raise _BadInput(f"{where}: empty value in column {column!r}")
-        label = row[group_col]
-        if isinstance(label, (list, dict)):
-            raise _BadInput(f"{where}: group id {json.dumps(label)} is not a scalar")
-        # JSON ids are told apart by their JSON text: Python would merge 1, 1.0 and true.
-        groups.append(label if isinstance(label, str) and csv_ids else json.dumps(label))
-        rewards.append(_number(row[reward_col], f"{reward_col!r} value", where))
-        if second_col is not None:
-            second.append(_number(row[second_col], f"{second_col!r} value", where))
-    return _RewardLog(np.array(rewards), None, groups,
-                      np.array(second) if second_col is not None else None)
-
-
-def _read_csv(path: Path, args: argparse.Namespace) -> _RewardLog:
-    with path.open(newline="", encoding="utf-8-sig") as f:  # tolerate a BOM (Excel)
-        reader = csv.DictReader(f)
-        if reader.fieldnames is None:
-            raise _BadInput("empty file (no header row)")
-        rows = [(f"line {reader.line_num}", dict(row)) for row in reader]
-    if not rows:
-        missing = [c for c in (args.group_col, args.reward_col, args.second_col)
-                   if c is not None and c not in reader.fieldnames]
-        if missing:
-            raise _BadInput(f"no column {missing[0]!r} (columns: "
-                            f"{', '.join(reader.fieldnames)})")
-    return _columns(rows, args.group_col, args.reward_col, args.second_col, csv_ids=True)
-
-
-def _read_jsonl(path: Path, args: argparse.Namespace) -> _RewardLog:
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise _BadInput(f"line {lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise _BadInput(f"line {lineno}: expected a JSON object, got "
-                                f"{type(row).__name__}")
-            rows.append((f"line {lineno}", row))
-    return _columns(rows, args.group_col, args.reward_col, args.second_col, csv_ids=False)
-
-
-def _read_npz(path: Path, args: argparse.Namespace) -> _RewardLog:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {key: data[key] for key in data.files}
-    except (OSError, ValueError, EOFError) as exc:
-        raise _BadInput(f"cannot read as .npz ({exc})") from None
-    if "rewards" not in arrays:
-        raise _BadInput(f"no array 'rewards' (arrays: {', '.join(arrays) or 'none'})")
-    second_key = args.second_col or "second"
-    if args.second_col is not None and second_key not in arrays:
-        raise _BadInput(f"no array {second_key!r} (arrays: {', '.join(arrays)})")
-    rewards = arrays["rewards"]
-    if rewards.size == 0:
-        raise _BadInput("no rows (the array 'rewards' is empty)")
-    return _RewardLog(rewards, arrays.get("offsets"), arrays.get("group_ids"),
-                      arrays.get(second_key))
-
-
-def _read_log(args: argparse.Namespace) -> _RewardLog:
-    path = Path(args.file)
-    fmt = args.format
-    if fmt == "auto":
-        if path.suffix.lower() not in _FORMATS:
-            raise _BadInput(f"unknown file extension {path.suffix!r}: expected .csv, .jsonl, "
-                            ".ndjson or .npz (or pass --format)")
-        fmt = _FORMATS[path.suffix.lower()]
-    if not path.is_file():
-        raise _BadInput("no such file" if not path.exists() else "not a regular file")
-    reader = {"csv": _read_csv, "jsonl": _read_jsonl, "npz": _read_npz}[fmt]
-    try:
-        return reader(path, args)
-    except UnicodeDecodeError:
-        raise _BadInput("not a UTF-8 text file") from None
-    except csv.Error as exc:
-        raise _BadInput(f"malformed CSV ({exc})") from None
+_PLOT_FORMATS = ("png", "pdf", "svg")
 
 
 def _plot(diag: ScaleDiagnostics, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """The inverse-scale histogram per method, in the format the extension names."""
+    plt = _pyplot()
     values = [d.inverse_scale for d in diag.methods.values() if d.inverse_scale.size]
     fig, ax = plt.subplots(figsize=(7, 4))
+    # methods with the same scales (Dr.GRPO and RLOO: 1 everywhere) overlap exactly:
+    # distinct line styles and decreasing widths keep every one of them visible
+    styles = ("-", "--", ":", "-.")
     if values:
         low = min(float(v.min()) for v in values)
         high = max(float(v.max()) for v in values)
         bins = np.geomspace(low / 1.5, high * 1.5, 50)
-        for d in diag.methods.values():
-            if d.inverse_scale.size:
-                ax.hist(d.inverse_scale, bins=bins.tolist(), histtype="step", linewidth=1.5,
-                        label=f"{d.method} (P99 {d.inverse_scale_p99:.3g})")
+        shown = [d for d in diag.methods.values() if d.inverse_scale.size]
+        for k, d in enumerate(shown):
+            ax.hist(d.inverse_scale, bins=bins.tolist(), histtype="step",
+                    linewidth=1.2 + 1.2 * (len(shown) - 1 - k), linestyle=styles[k % 4],
+                    label=f"{d.method} (P99 {d.inverse_scale_p99:.3g})", zorder=2 + k)
         ax.set_xscale("log")
     ax.axvline(1.0 / diag.tau_res, color="black", linestyle="--", linewidth=1,
                label=f"1/tau_res = {1.0 / diag.tau_res:g}")
@@ -752,12 +673,73 @@ def _plot(diag: ScaleDiagnostics, path: str) -> None:
     ax.legend()
     fig.tight_layout()
     try:
-        fig.savefig(path, format="png", dpi=100)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format=Path(path).suffix.lower().lstrip("."), dpi=100)
     finally:
         plt.close(fig)
 
 
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def _diagnose_json(log: Any, diag: ScaleDiagnostics) -> dict[str, Any]:
+    return {
+        "file": log.path, "format": log.format, "compression": log.compression,
+        "group_cols": list(log.group_cols), "reward_cols": list(log.reward_cols),
+        "reward_weights": list(log.reward_weights), "reward_agg": log.reward_agg,
+        "responses": diag.n_responses, "groups": log.n_groups,
+        "groups_with_2_or_more": diag.n_groups, "singleton_groups": log.n_singletons,
+        "bad_rows": {"count": log.bad_rows.count, "unit": log.bad_rows.unit,
+                     "first": [{"number": n, "reason": why}
+                               for n, why in log.bad_rows.examples]},
+        "options": {"beta": diag.beta, "tau_res": diag.tau_res, "eps": diag.eps,
+                    "resolution": diag.resolution},
+        "methods": {
+            name: {
+                "inverse_scale_p50": _finite(d.inverse_scale_p50),
+                "inverse_scale_p95": _finite(d.inverse_scale_p95),
+                "inverse_scale_p99": _finite(d.inverse_scale_p99),
+                "inverse_scale_max": _finite(d.inverse_scale_max),
+                "zero_gap_fraction": _finite(d.zero_gap_fraction),
+                "beta_eff_min": _finite(d.beta_eff_min),
+                "beta_eff_max": _finite(d.beta_eff_max),
+                "reward_kl_ratio": _finite(d.reward_kl_ratio),
+                "max_abs_weight": _finite(d.max_abs_weight),
+                "direction_cosine": _finite(d.direction_cosine),
+                "informative_groups": d.n_informative,
+            }
+            for name, d in diag.methods.items()
+        },
+    }
+
+
+# Reads that take longer than this many seconds show a progress bar on a terminal.
+_PROGRESS_AFTER = 2.0
+
+
+def _read_progress(label: str, enabled: bool) -> tuple[Callable[[int, int], None], _Bar]:
+    """A ``read_log`` progress callback that shows a bar once the read passes
+    ``_PROGRESS_AFTER`` seconds (a fast read shows nothing)."""
+    start = time.perf_counter()
+    bar = _Bar(label, 1, sys.stderr, enabled=False)
+
+    def report(done: int, total: int) -> None:
+        if not enabled or time.perf_counter() - start < _PROGRESS_AFTER:
+            return
+        if not bar.enabled:
+            bar.enabled = True
+            bar.total = max(total, 1)
+            bar._start = start
+        bar.done = min(done, bar.total)
+        bar._draw(force=False)
+
+    return report, bar
+
+
 def _run_diagnose(args: argparse.Namespace) -> int:
+    from advcal import logs
+
     def fail(message: str) -> int:
         print(f"advcal diagnose: error: {message}", file=sys.stderr)
         return 2
@@ -768,53 +750,118 @@ def _run_diagnose(args: argparse.Namespace) -> int:
         except ImportError:
             return fail("--plot needs matplotlib, which is not installed "
                         "(pip install 'advcal[plot]')")
-        if not Path(args.plot).parent.is_dir():
-            return fail(f"cannot write the plot {args.plot}: no such directory")
+        suffix = Path(args.plot).suffix.lower().lstrip(".")
+        if suffix not in _PLOT_FORMATS:
+            return fail(f"cannot write the plot {args.plot}: name a .png, .pdf or .svg file")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    weights = None
+    if args.reward_weights is not None:
+        try:
+            weights = [float(w) for w in args.reward_weights.split(",")]
+        except ValueError:
+            return fail(f"--reward-weights {args.reward_weights!r}: expected comma-separated "
+                        "numbers")
+    on_bad_row = "error" if args.strict else args.on_bad_row
+    report, bar = _read_progress(f"reading {Path(args.file).name}",
+                                 _progress_enabled(args.no_progress, sys.stderr))
     try:
-        log = _read_log(args)
-    except _BadInput as exc:
+        with bar:
+            log = logs.read_log(
+                args.file, preset=args.preset, group_cols=args.group_col,
+                reward_cols=args.reward_col, reward_weights=weights,
+                reward_agg=args.reward_agg,
+                extra_cols=() if args.second_col is None else (args.second_col,),
+                format=args.format, on_bad_row=on_bad_row, progress=report)
+    except logs.MissingDependencyError as exc:
+        return fail(str(exc))
+    except logs.LogError as exc:
         return fail(f"{args.file}: {exc}")
     except OSError as exc:
         return fail(f"{args.file}: cannot read ({exc.strerror or exc})")
+    if args.singleton == "error" and log.n_singletons:
+        return fail(f"{args.file}: {log.n_singletons} groups have a single response "
+                    "(--singleton error)")
     try:
         diag = scale_diagnostics(
-            log.rewards, log.offsets, group_ids=log.group_ids, methods=methods,
+            log.rewards, log.offsets, methods=methods,
             beta=args.beta, tau_res=args.tau_res, eps=args.eps, resolution=args.resolution,
-            reference=log.second,
+            reference=log.extra.get(args.second_col) if args.second_col else None,
         )
     except (ValueError, TypeError) as exc:
         return fail(f"{args.file}: {exc}")
-    print(f"advcal diagnose: {args.file}")
-    if log.second is not None:
-        print("cosine = direction cosine between the weights of the two scorings")
-    print(diag.table())
     if args.plot is not None:
         try:
             _plot(diag, args.plot)
         except (OSError, ValueError) as exc:
             return fail(f"cannot write the plot {args.plot}: {exc}")
+    if args.json:
+        result = _diagnose_json(log, diag)
+        if args.plot is not None:
+            result["plot"] = args.plot
+        print(json.dumps(result, indent=2))
+        return 0
+    agg = ("" if len(log.reward_cols) == 1 else
+           f" ({log.reward_agg}, weights {', '.join(f'{w:g}' for w in log.reward_weights)})")
+    print(f"advcal diagnose: {args.file}")
+    print(f"{_NAMES.get(log.format, log.format)}"
+          f"{', ' + log.compression if log.compression else ''}; group: "
+          f"{' + '.join(log.group_cols)}; reward: {' + '.join(log.reward_cols)}{agg}")
+    if log.bad_rows.count:
+        print(log.bad_rows.summary())
+    if log.n_singletons:
+        print(f"{log.n_singletons} group{'s' if log.n_singletons != 1 else ''} with a single "
+              "response: no relative information, in no statistic")
+    if args.second_col is not None:
+        print("cosine = direction cosine between the weights of the two scorings")
+    print(diag.table())
+    print(_legend(args.explain, args.second_col is not None))
+    if args.plot is not None:
         print(f"inverse-scale plot written to {args.plot}")
     return 0
+
+
+_NAMES = {"csv": "CSV", "jsonl": "JSON Lines", "parquet": "Parquet", "npz": ".npz",
+          "npy": ".npy"}
 
 
 def _diagnose_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "file",
-        help="reward log: .csv or .jsonl/.ndjson with one row per response, or .npz with "
-             "arrays 'rewards' (2-D: groups by row; 1-D: with 'offsets' or 'group_ids'), "
-             "optionally 'second' (a second scoring, same shape)",
+        help="reward log, one row per response: CSV, JSON Lines, Parquet, or arrays in .npz "
+             "('rewards': 2-D groups by row, 1-D with 'offsets' or 'group_ids') or .npy; "
+             "each optionally gzip/zstd-compressed (detected from the content)",
     )
-    parser.add_argument("--format", choices=("auto", "csv", "jsonl", "npz"), default="auto",
-                        help="file format (default: from the extension)")
-    parser.add_argument("--group-col", default="group",
-                        help="column of the group (prompt) id (CSV/JSONL; default: group)")
-    parser.add_argument("--reward-col", default="reward",
-                        help="column of the reward (CSV/JSONL; default: reward)")
+    parser.add_argument("--format", choices=("auto", "csv", "jsonl", "parquet", "npz", "npy"),
+                        default="auto", help="file format (default: from the content)")
+    parser.add_argument("--preset", choices=("verl", "trl"), default=None,
+                        help="columns of a trainer's logs: verl rollout dumps (score; group "
+                             "uid, else the prompt 'input', per step) or TRL completion logs "
+                             "(group 'prompt' per step; every reward-function column)")
+    parser.add_argument("--group-col", action="append", default=None, metavar="NAME",
+                        help="column of the group (prompt) id; repeat for a group per "
+                             "combination (default: group; .npz: offsets or group_ids)")
+    parser.add_argument("--reward-col", action="append", default=None, metavar="NAME",
+                        help="reward column; repeat to combine several (default: reward; "
+                             ".npz: rewards)")
+    parser.add_argument("--reward-weights", default=None, metavar="W1,W2,...",
+                        help="weight per reward column (default: all 1), as TRL's "
+                             "reward_weights")
+    parser.add_argument("--reward-agg", choices=("sum", "normalize_then_sum"), default="sum",
+                        help="combine reward columns as TRL's multi_objective_aggregation: "
+                             "weighted nansum, or standardise each column within its group "
+                             "first (default: sum)")
     parser.add_argument("--second-col", default=None,
                         help="column of a second scoring of the same responses: adds the "
-                             "direction cosine (for .npz: the array name, default 'second' "
-                             "when present)")
+                             "direction cosine")
+    parser.add_argument("--on-bad-row", choices=("skip", "error"), default="skip",
+                        help="rows with an empty, NaN or unparsable reward or a broken line: "
+                             "skip and report them (default), or stop")
+    parser.add_argument("--strict", action="store_true",
+                        help="all or nothing: the first bad row is an error "
+                             "(= --on-bad-row error)")
+    parser.add_argument("--singleton", choices=("zero", "error"), default="zero",
+                        help="groups with one response: weight 0, in no statistic (default), "
+                             "or an error")
     parser.add_argument("--methods", default="grpo,rloo,maxnorm",
                         help="comma-separated estimators, of "
                              + ", ".join(DIAGNOSED_METHODS) + " (default: grpo,rloo,maxnorm)")
@@ -826,8 +873,16 @@ def _diagnose_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resolution", type=float, default=None,
                         help="let MaxNorm bin rewards in [0, 1] to this resolution first")
     parser.add_argument("--plot", metavar="PATH", default=None,
-                        help="write a PNG of the inverse-scale distributions per method "
-                             "(needs matplotlib: pip install 'advcal[plot]')")
+                        help="write the inverse-scale histograms per method to PATH (.png, "
+                             ".pdf or .svg; folders created; needs matplotlib: pip install "
+                             "'advcal[plot]')")
+    parser.add_argument("--json", action="store_true",
+                        help="print the results as JSON instead of the table")
+    parser.add_argument("--explain", action="store_true",
+                        help="explain how to read the table under its column legend")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar on stderr (shown on a terminal for reads over "
+                             "about 2 s)")
 
 
 _COMMANDS = [

@@ -1,0 +1,1248 @@
+"""Reading reward logs as trainers write them: CSV, JSON Lines, Parquet, NPZ and NPY.
+
+:func:`read_log` turns a log file into grouped rewards (``rewards`` in CSR layout with
+``offsets``), ready for :func:`advcal.scale_diagnostics` and the other array functions.
+It reads in bounded chunks (a 10-million-row file never sits in memory as text), detects
+the format and a gzip, zstd or bz2 compression from the file's first bytes, and skips
+and counts bad rows (or stops at the first one, ``on_bad_row="error"``).
+
+Presets name the columns of two trainers' logs:
+
+* ``"verl"``: verl's rollout dumps (``trainer.rollout_data_dir``), JSON Lines with the
+  keys ``input``, ``output``, ``gts``, ``score``, ``step`` and any extra reward infos.
+  The reward is ``score``; the group is ``uid`` when the log has one, else the prompt
+  text ``input``, within each ``step``.
+* ``"trl"``: TRL's GRPO completion logs (``log_completions``), with the columns
+  ``step``, ``prompt``, ``completion``, one column per reward function and
+  ``advantage``.  The group is ``prompt`` within each ``step``; the rewards are the
+  numeric columns other than ``step`` and ``advantage`` unless named, combined as TRL
+  does (``reward_agg``).
+
+The readers need pyarrow (``pip install 'advcal[logs]'``); ``import advcal.logs`` does
+not import it.  pyarrow is used rather than polars because it reads CSV and JSON in
+streaming blocks with an explicit per-column type, hands back the rows it cannot parse
+(with their line numbers, so they can be skipped and reported), decompresses gzip and
+zstd as a stream, and reads Parquet by row batches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+__all__ = ["FORMATS", "PRESETS", "REWARD_AGGREGATIONS", "BadRows", "LogError",
+           "MissingDependencyError", "Preset", "RewardLog", "detect_format", "read_log"]
+
+#: File formats :func:`read_log` reads (each also gzip-, zstd- or bz2-compressed).
+FORMATS = ("csv", "jsonl", "parquet", "npz", "npy")
+#: How several reward columns combine into one reward (TRL's two aggregations).
+REWARD_AGGREGATIONS = ("sum", "normalize_then_sum")
+
+INSTALL_HINT = "pip install 'advcal[logs]'"
+_MISSING = -1  # group code of an empty group id
+_EXAMPLES = 5  # bad rows reported by line
+_BLOCK = 8 << 20  # bytes of text parsed at a time
+_NPZ_ROWS = 1 << 20  # rows of an array digested at a time
+# The TRL epsilon added to the per-group standard deviation in normalize_then_sum.
+_TRL_EPS = 1e-4
+
+
+class LogError(ValueError):
+    """A problem with a log file or with the options that read it (a one-line message)."""
+
+
+class MissingDependencyError(ImportError):
+    """The optional reader library is not installed (the message says what to install)."""
+
+
+def _pa() -> Any:
+    try:
+        import pyarrow
+    except ImportError:
+        raise MissingDependencyError(
+            f"reading reward logs needs pyarrow, which is not installed ({INSTALL_HINT})"
+        ) from None
+    return pyarrow
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Column names of one trainer's logs.
+
+    Attributes
+    ----------
+    name : str
+        The preset's name.
+    group_cols : tuple of tuple of str
+        Alternatives for the group columns, in order of preference: the first whose
+        columns are all in the file is used (several columns: a group per combination).
+    reward_cols : tuple of str
+        The reward columns; empty: every numeric column not in ``not_rewards``.
+    not_rewards : tuple of str
+        Columns that are never rewards (when ``reward_cols`` is empty).
+    """
+
+    name: str
+    group_cols: tuple[tuple[str, ...], ...]
+    reward_cols: tuple[str, ...] = ()
+    not_rewards: tuple[str, ...] = ()
+
+    def fits(self, columns: Sequence[str]) -> bool:
+        """Whether a file with these columns can be read with this preset."""
+        has_group = any(all(c in columns for c in alt) for alt in self.group_cols)
+        has_reward = (all(c in columns for c in self.reward_cols) if self.reward_cols
+                      else any(c not in self.not_rewards for c in columns))
+        return has_group and has_reward
+
+
+#: The presets: ``PRESETS["verl"]`` and ``PRESETS["trl"]``.
+PRESETS = {
+    "verl": Preset("verl", (("step", "uid"), ("uid",), ("step", "input"), ("input",)),
+                   reward_cols=("score",)),
+    "trl": Preset("trl", (("step", "prompt"), ("prompt",)),
+                  not_rewards=("step", "prompt", "completion", "advantage", "image",
+                               "images")),
+}
+_DEFAULT = Preset("default", (("group",),), reward_cols=("reward",))
+_DEFAULT_ARRAYS = Preset("default", (("group_ids",), ("offsets",)), reward_cols=("rewards",))
+
+
+@dataclass(frozen=True)
+class BadRows:
+    """Rows that were skipped: how many, and the first few with their reason.
+
+    Attributes
+    ----------
+    count : int
+        Number of rows (or broken lines) skipped.
+    examples : tuple of (int, str)
+        ``(number, reason)`` of the first few, ``number`` counted in ``unit``.
+    unit : str
+        ``"line"`` (text files: the line in the file, header included) or ``"row"``
+        (Parquet and arrays: 1-based row).
+    """
+
+    count: int = 0
+    examples: tuple[tuple[int, str], ...] = ()
+    unit: str = "line"
+
+    def summary(self) -> str:
+        """One line: the count and the first few rows with their reason ("" if none)."""
+        if not self.count:
+            return ""
+        shown = "; ".join(f"{self.unit} {n}: {why}" for n, why in self.examples)
+        more = ", ..." if self.count > len(self.examples) else ""
+        plural = "s" if self.count != 1 else ""
+        return f"skipped {self.count} bad {self.unit}{plural} ({shown}{more})"
+
+
+@dataclass(frozen=True, eq=False)
+class RewardLog:
+    """A reward log read by :func:`read_log`: grouped rewards and what was read.
+
+    Attributes
+    ----------
+    rewards : ndarray of float64, shape (N,)
+        One finite reward per kept response, grouped: group ``q`` is
+        ``rewards[offsets[q]:offsets[q + 1]]`` (groups in order of first appearance,
+        responses in file order within a group).
+    offsets : ndarray of int64, shape (B + 1,)
+        CSR group boundaries.
+    extra : dict of str to ndarray
+        The ``extra_cols`` read, float64, in the order of ``rewards``.
+    path : str
+        The file.
+    format : str
+        One of :data:`FORMATS`.
+    compression : str or None
+        ``"gzip"``, ``"zstd"``, ``"bz2"`` or None.
+    group_cols, reward_cols : tuple of str
+        The columns (arrays) used.
+    reward_weights : tuple of float
+        The weight of each reward column.
+    reward_agg : str
+        How the reward columns were combined (one of :data:`REWARD_AGGREGATIONS`).
+    bad_rows : BadRows
+        The rows skipped.
+    """
+
+    rewards: np.ndarray = field(repr=False)
+    offsets: np.ndarray = field(repr=False)
+    extra: dict[str, np.ndarray] = field(repr=False)
+    path: str
+    format: str
+    compression: str | None
+    group_cols: tuple[str, ...]
+    reward_cols: tuple[str, ...]
+    reward_weights: tuple[float, ...]
+    reward_agg: str
+    bad_rows: BadRows
+
+    @property
+    def n_groups(self) -> int:
+        """Number of groups (including those with one response)."""
+        return int(self.offsets.size - 1)
+
+    @property
+    def n_singletons(self) -> int:
+        """Groups with a single response (they carry no relative information)."""
+        return int(np.count_nonzero(np.diff(self.offsets) == 1))
+
+
+# --------------------------------------------------------------------------- detection
+
+_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bz2"}
+_EXTENSIONS = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+               ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".npz": "npz",
+               ".npy": "npy"}
+_COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zst", ".zstd", ".bz2")
+_NAMES = {"csv": "CSV", "jsonl": "JSON Lines", "parquet": "Parquet", "npz": ".npz",
+          "npy": ".npy"}
+
+
+def _compression(head: bytes) -> str | None:
+    for magic, name in _MAGIC.items():
+        if head.startswith(magic):
+            return name
+    return None
+
+
+def _content_format(head: bytes) -> str | None:
+    """The format the first bytes show, None for bytes that are no log format."""
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        return "npz"
+    if head.startswith(b"\x93NUMPY"):
+        return "npy"
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    if b"\x00" in head:
+        return None
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    return "jsonl" if text.startswith((b"{", b"[")) else "csv"
+
+
+def _extension_format(path: Path) -> str | None:
+    suffixes = [s.lower() for s in path.suffixes]
+    while suffixes and suffixes[-1] in _COMPRESSED_SUFFIXES:
+        suffixes.pop()
+    return _EXTENSIONS.get(suffixes[-1]) if suffixes else None
+
+
+def _open_stream(path: Path, compression: str | None) -> tuple[Any, Any]:
+    """``(stream, raw)``: the decompressed stream and the raw file (for progress)."""
+    pa = _pa()
+    raw = pa.OSFile(str(path), "rb")
+    if compression is None:
+        return raw, raw
+    return pa.CompressedInputStream(raw, compression), raw
+
+
+def _head(path: Path, compression: str | None, n: int = 4096) -> bytes:
+    if compression is None:
+        with open(path, "rb") as f:
+            return f.read(n)
+    stream, raw = _open_stream(path, compression)
+    try:
+        return bytes(stream.read(n))
+    except OSError as exc:
+        raise LogError(f"cannot decompress ({compression}): {_first_line(exc)}") from None
+    finally:
+        stream.close()
+        raw.close()
+
+
+def detect_format(path: str | os.PathLike[str], format: str = "auto"
+                  ) -> tuple[str, str | None]:
+    """The format and compression of a log file, from its first bytes.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file.
+    format : {"auto", "csv", "jsonl", "parquet", "npz", "npy"}, default "auto"
+        A format the caller expects; an error when the content shows another binary
+        format (a text file may be read as CSV or JSON Lines as asked).
+
+    Returns
+    -------
+    (format, compression) : (str, str or None)
+
+    Raises
+    ------
+    LogError
+        The file is missing, empty, compressed in a broken way, or not a log format.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise LogError("no such file")
+    if not path.is_file():
+        raise LogError("not a regular file")
+    with open(path, "rb") as f:
+        raw_head = f.read(8)
+    compression = _compression(raw_head)
+    if compression is not None:
+        _pa()  # decompression is pyarrow's
+    head = _head(path, compression) if compression else _head(path, None)
+    if not head.strip():
+        raise LogError("empty file (no header row)" if not head else "empty file (no rows)")
+    found = _content_format(head)
+    by_name = _extension_format(path)
+    if format != "auto":
+        if format not in FORMATS:
+            raise LogError(f"unknown format {format!r}: expected one of {', '.join(FORMATS)}")
+        textual = ("csv", "jsonl")
+        if found != format and not (found in textual and format in textual):
+            what = "not a log format" if found is None else f"a {_NAMES[found]} file"
+            raise LogError(f"the content is {what}, not {_NAMES[format]}"
+                           + (f" (drop --format, or pass --format {found})" if found else ""))
+        return format, compression
+    if found is None:
+        raise LogError("not a log format: expected CSV, JSON Lines, Parquet, .npz or .npy "
+                       "(each optionally gzip/zstd/bz2-compressed)")
+    binary = ("parquet", "npz", "npy")
+    if by_name in binary and found != by_name:
+        raise LogError(f"the extension says {_NAMES[by_name]}, but the content is "
+                       f"{'text' if found in ('csv', 'jsonl') else 'a ' + _NAMES[found] + ' file'}")
+    if by_name in ("csv", "jsonl") and found in binary:
+        raise LogError(f"the extension says {_NAMES[by_name]}, but the content is a "
+                       f"{_NAMES[found]} file (pass --format {found})")
+    if by_name in ("csv", "jsonl") and found in ("csv", "jsonl"):
+        return by_name, compression
+    return found, compression
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- digest
+
+
+class _Encoder:
+    """Dense integer codes of group ids over the whole file, in order of first appearance.
+
+    Only each batch's distinct values pass through Python; JSON ids keep their type, so
+    1, 1.0, true and "1" are four groups.
+    """
+
+    def __init__(self) -> None:
+        self.codes: dict[Any, int] = {}
+
+    def _lut(self, keys: Sequence[Any]) -> np.ndarray:
+        codes = self.codes
+        return np.fromiter((codes.setdefault(k, len(codes)) for k in keys), np.int64,
+                           count=len(keys))
+
+    def encode_arrow(self, array: Any) -> np.ndarray:
+        pa = _pa()
+        import pyarrow.compute as pc
+
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        if pa.types.is_dictionary(array.type):
+            encoded = array
+        else:
+            encoded = pc.dictionary_encode(array)
+        values = encoded.dictionary.to_pylist()
+        keys = [v if isinstance(v, str) else (type(v).__name__, v) for v in values]
+        lut = self._lut(keys)
+        index = pc.fill_null(encoded.indices, _MISSING).to_numpy(zero_copy_only=False)
+        index = index.astype(np.int64, copy=False)
+        if not lut.size:
+            return np.full(index.size, _MISSING, np.int64)
+        return np.where(index >= 0, lut[np.maximum(index, 0)], _MISSING)
+
+    def encode_python(self, values: Sequence[Any]) -> np.ndarray:
+        keys: list[Any] = []
+        missing = []
+        for i, v in enumerate(values):
+            if v is None or v == "" or isinstance(v, (list, dict)):
+                missing.append(i)
+                keys.append(None)
+            else:
+                keys.append(v if isinstance(v, str) else (type(v).__name__, v))
+        out = np.empty(len(keys), np.int64)
+        codes = self.codes
+        for i, k in enumerate(keys):
+            out[i] = _MISSING if k is None else codes.setdefault(k, len(codes))
+        return out
+
+
+class _Digest:
+    """Everything kept of a file: group codes, column values, bad-row bookkeeping."""
+
+    def __init__(self, group_cols: Sequence[str], value_cols: Sequence[str], n_rewards: int,
+                 on_bad_row: str, unit: str) -> None:
+        self.group_cols = tuple(group_cols)
+        self.value_cols = tuple(value_cols)
+        self.n_rewards = n_rewards
+        self.on_bad_row = on_bad_row
+        self.unit = unit
+        self.encoders = [_Encoder() for _ in group_cols]
+        self.codes: list[list[np.ndarray]] = [[] for _ in group_cols]
+        self.values: list[list[np.ndarray]] = [[] for _ in value_cols]
+        self.bad = 0
+        self.examples: list[tuple[int, str]] = []
+
+    def broken(self, number: int, reason: str) -> None:
+        """A row that could not be parsed at all."""
+        if self.on_bad_row == "error":
+            raise LogError(f"{self.unit} {number}: {reason}")
+        self.bad += 1
+        if len(self.examples) < _EXAMPLES:
+            self.examples.append((number, reason))
+
+    def add(self, codes: list[np.ndarray], values: list[np.ndarray],
+            unparsable: Sequence[np.ndarray | None], raw: list[Any], lines: np.ndarray
+            ) -> None:
+        """One batch: ``codes`` per group column, float64 ``values`` per value column
+        (NaN = missing), ``unparsable`` masks (or None), ``raw`` source of each column
+        for messages, ``lines`` the number of each row."""
+        n = lines.size
+        bad = np.zeros(n, bool)
+        for c in codes:
+            bad |= c == _MISSING
+        rewards = values[:self.n_rewards]
+        finite = [np.isfinite(v) for v in values]
+        if self.n_rewards == 1:
+            bad |= ~finite[0]
+        else:  # TRL: a missing reward function is skipped (nansum), all missing is not
+            bad |= ~np.any(finite[:self.n_rewards], axis=0)
+            for v in rewards:
+                bad |= np.isinf(v)
+        for f in finite[self.n_rewards:]:
+            bad |= ~f
+        for u in unparsable:
+            if u is not None:
+                bad |= u
+        if bad.any():
+            rows = np.flatnonzero(bad)
+            if self.on_bad_row == "error" or len(self.examples) < _EXAMPLES:
+                for i in rows[:_EXAMPLES]:
+                    reason = self._reason(int(i), codes, values, unparsable, raw)
+                    if self.on_bad_row == "error":
+                        raise LogError(f"{self.unit} {int(lines[i])}: {reason}")
+                    if len(self.examples) < _EXAMPLES:
+                        self.examples.append((int(lines[i]), reason))
+            self.bad += rows.size
+            keep = ~bad
+            codes = [c[keep] for c in codes]
+            values = [v[keep] for v in values]
+        for store, c in zip(self.codes, codes, strict=True):
+            store.append(c)
+        for vstore, v in zip(self.values, values, strict=True):
+            vstore.append(v)
+
+    def _reason(self, i: int, codes: list[np.ndarray], values: list[np.ndarray],
+                unparsable: Sequence[np.ndarray | None], raw: list[Any]) -> str:
+        for col, c in zip(self.group_cols, codes, strict=True):
+            if c[i] == _MISSING:
+                return f"empty group id in column {col!r}"
+        for k, (col, v) in enumerate(zip(self.value_cols, values, strict=True)):
+            u = unparsable[k]
+            if u is not None and u[i]:
+                return f"{col!r} value {_show(raw[k], i)} is not a number"
+            if np.isinf(v[i]):
+                return f"{col!r} value {_show(raw[k], i)} is not a finite number"
+            if np.isnan(v[i]) and (k >= self.n_rewards or self.n_rewards == 1):
+                return f"empty or NaN value in column {col!r}"
+        return "no reward (every reward column empty or NaN)"
+
+
+def _show(source: Any, i: int) -> str:
+    try:
+        value = source[i]
+        value = value.as_py() if hasattr(value, "as_py") else value
+    except Exception:  # noqa: BLE001 - only for a message
+        return "?"
+    if isinstance(value, (float, np.floating)):
+        return repr(float(value))
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _floats_arrow(array: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """float64 values of an Arrow column (NaN = null) and a mask of unparsable cells."""
+    pa = _pa()
+    import pyarrow.compute as pc
+
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    t = array.type
+    if pa.types.is_dictionary(t):
+        array = array.dictionary_decode()
+        t = array.type
+    if pa.types.is_null(t):
+        return np.full(len(array), np.nan), None
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        floats = pc.cast(array, pa.float64(), safe=False)
+        return floats.to_numpy(zero_copy_only=False).astype(np.float64, copy=False), None
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        try:
+            floats = pc.cast(array, pa.float64())
+            return floats.to_numpy(zero_copy_only=False).astype(np.float64, copy=False), None
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return _floats_python(array.to_pylist())
+    # booleans, lists, structs: no reward
+    out = np.full(len(array), np.nan)
+    return out, np.asarray(array.is_valid().to_numpy(zero_copy_only=False), bool)
+
+
+def _floats_python(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    out = np.full(len(values), np.nan)
+    bad = np.zeros(len(values), bool)
+    for i, v in enumerate(values):
+        if v is None or (isinstance(v, str) and v.strip() == ""):
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            bad[i] = True
+            continue
+        try:
+            out[i] = float(v)
+        except (ValueError, OverflowError):
+            bad[i] = True
+    return out, bad
+
+
+# --------------------------------------------------------------------------- columns
+
+
+class _Plan:
+    """Which columns to read and how to combine them."""
+
+    def __init__(self, group_cols: tuple[str, ...], reward_cols: tuple[str, ...],
+                 extra_cols: tuple[str, ...]) -> None:
+        self.group_cols = group_cols
+        self.reward_cols = reward_cols
+        self.extra_cols = extra_cols
+
+    @property
+    def value_cols(self) -> tuple[str, ...]:
+        return self.reward_cols + self.extra_cols
+
+    @property
+    def needed(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.group_cols + self.value_cols))
+
+
+def _plan(columns: Sequence[str], numeric: Callable[[str], bool], preset: Preset | None,
+          explicit_preset: bool, group_cols: Sequence[str] | None,
+          reward_cols: Sequence[str] | None, extra_cols: Sequence[str], is_array: bool
+          ) -> _Plan:
+    base = preset if preset is not None else (_DEFAULT_ARRAYS if is_array else _DEFAULT)
+    if group_cols:
+        groups = tuple(group_cols)
+    else:
+        groups = next((alt for alt in base.group_cols if all(c in columns for c in alt)),
+                      base.group_cols[-1] if not is_array else ())
+    if reward_cols:
+        rewards = tuple(reward_cols)
+    elif base.reward_cols:
+        rewards = base.reward_cols
+    else:
+        rewards = tuple(c for c in columns
+                        if c not in base.not_rewards and c not in groups
+                        and c not in extra_cols and numeric(c))
+        if not rewards:
+            raise LogError(f"no numeric reward column (columns: {_list(columns)}); name "
+                           "them with --reward-col")
+    missing = [c for c in (*groups, *rewards, *extra_cols) if c not in columns]
+    if missing:
+        kind = "array" if is_array else "column"
+        fits = [p.name for p in PRESETS.values() if p.fits(columns)
+                and not (explicit_preset and preset is not None and p.name == preset.name)]
+        hint = ("pass --reward-col NAME and --group-col NAME"
+                + (f", or --preset {' / --preset '.join(fits)}" if fits else ""))
+        raise LogError(f"no {kind} {missing[0]!r} (found: {_list(columns)}); {hint}")
+    return _Plan(groups, rewards, tuple(extra_cols))
+
+
+def _list(columns: Sequence[str]) -> str:
+    shown = ", ".join(str(c) for c in list(columns)[:30])
+    return (shown or "none") + (", ..." if len(columns) > 30 else "")
+
+
+# --------------------------------------------------------------------------- CSV
+
+
+def _read_csv(path: Path, compression: str | None, plan_for: Callable[..., _Plan],
+              on_bad_row: str, progress: Callable[[int], None] | None
+              ) -> tuple[_Plan, _Digest]:
+    pa = _pa()
+    import pyarrow.csv as pcsv
+
+    def reader(include: Sequence[str] | None, handler: Any) -> Any:
+        stream, raw = _open_stream(path, compression)
+        types = {c: pa.string() for c in include} if include else None
+        convert = pcsv.ConvertOptions(include_columns=list(include) if include else None,
+                                      column_types=types, strings_can_be_null=True)
+        parse = pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=handler)
+        read = pcsv.ReadOptions(block_size=_BLOCK if include else 1 << 16, use_threads=False)
+        return pcsv.open_csv(stream, read_options=read, parse_options=parse,
+                             convert_options=convert), raw
+
+    # the header and the first block's types (numeric columns: TRL's reward functions)
+    try:
+        peek, raw = reader(None, lambda row: "skip")
+    except pa.ArrowInvalid as exc:
+        raise _csv_error(exc) from None
+    schema = peek.schema
+    raw.close()
+    numeric = {f.name for f in schema if pa.types.is_integer(f.type)
+               or pa.types.is_floating(f.type)}
+    plan = plan_for(schema.names, lambda c: c in numeric)
+    digest = _Digest(plan.group_cols, plan.value_cols, len(plan.reward_cols), on_bad_row,
+                     "line")
+    invalid: list[int] = []  # 0-based data-row index of each row with a wrong field count
+
+    def handler(row: Any) -> str:
+        number = int(row.number) if row.number is not None else -1
+        digest.broken(number, f"{row.actual_columns} fields, expected {row.expected_columns}")
+        invalid.append(number - 2)
+        return "skip"
+
+    try:
+        batches, raw = reader(plan.needed, handler)
+    except pa.ArrowInvalid as exc:
+        raise _csv_error(exc) from None
+    seen = 0
+    with raw:
+        while True:
+            try:
+                batch = batches.read_next_batch()
+            except StopIteration:
+                break
+            except pa.ArrowInvalid as exc:
+                raise _csv_error(exc) from None
+            n = batch.num_rows
+            valid = np.arange(seen, seen + n)
+            if invalid:  # valid row v sits at data row v + (invalid rows up to there)
+                s = np.asarray(invalid) - np.arange(len(invalid))
+                valid = valid + np.searchsorted(s, valid, side="right")
+            seen += n
+            _digest_arrow(digest, plan, batch, valid + 2)
+            if progress is not None:
+                progress(raw.tell())
+    return plan, digest
+
+
+def _csv_error(exc: BaseException) -> LogError:
+    text = _first_line(exc)
+    if "UTF8" in text or "UTF-8" in text:
+        return LogError("not a UTF-8 text file")
+    if "Empty CSV file" in text:
+        return LogError("empty file (no header row)")
+    return LogError(f"malformed CSV ({text})")
+
+
+def _digest_arrow(digest: _Digest, plan: _Plan, batch: Any, lines: np.ndarray) -> None:
+    codes = [enc.encode_arrow(batch.column(c))
+             for enc, c in zip(digest.encoders, plan.group_cols, strict=True)]
+    values, unparsable, raw = [], [], []
+    for c in plan.value_cols:
+        column = batch.column(c)
+        v, u = _floats_arrow(column)
+        values.append(v)
+        unparsable.append(u)
+        raw.append(column)
+    digest.add(codes, values, unparsable, raw, lines)
+
+
+# --------------------------------------------------------------------------- JSON Lines
+
+
+def _read_jsonl(path: Path, compression: str | None, plan_for: Callable[..., _Plan],
+                on_bad_row: str, progress: Callable[[int], None] | None
+                ) -> tuple[_Plan, _Digest]:
+    stream, raw = _open_stream(path, compression)
+    with raw:
+        blocks = _line_blocks(stream)
+        first = next(blocks, None)
+        columns: dict[str, bool] = {}  # column -> numeric in the first lines
+        if first is not None:
+            for line in first[0].split(b"\n")[:1000]:
+                try:
+                    row = json.loads(line)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(row, dict):
+                    for k, v in row.items():
+                        num = isinstance(v, (int, float)) and not isinstance(v, bool)
+                        columns[k] = columns.get(k, True) and (num or v is None)
+        plan = plan_for(list(columns), lambda c: columns.get(c, False))
+        digest = _Digest(plan.group_cols, plan.value_cols, len(plan.reward_cols), on_bad_row,
+                         "line")
+        parser = _JsonBlocks(plan, digest)
+        if first is not None:
+            parser.block(*first)
+            for block, start in blocks:
+                parser.block(block, start)
+                if progress is not None:
+                    progress(raw.tell())
+    return plan, digest
+
+
+def _line_blocks(stream: Any) -> Iterator[tuple[bytes, int]]:
+    """``(block, first line number)``: whole lines, about ``_BLOCK`` bytes at a time."""
+    carry = b""
+    line = 1
+    while True:
+        try:
+            chunk = bytes(stream.read(_BLOCK))
+        except OSError as exc:
+            raise LogError(f"cannot decompress: {_first_line(exc)}") from None
+        if not chunk:
+            break
+        data = carry + chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            carry = data
+            continue
+        block, carry = data[:cut + 1], data[cut + 1:]
+        if line == 1:
+            block = block.removeprefix(b"\xef\xbb\xbf")
+        yield block, line
+        line += block.count(b"\n")
+    if carry.strip():
+        yield (carry.removeprefix(b"\xef\xbb\xbf") if line == 1 else carry), line
+
+
+class _JsonBlocks:
+    """Parses blocks of JSON lines with pyarrow; a block pyarrow rejects is split in halves
+    until the offending lines are found and parsed one by one (so one broken line costs
+    little and is reported with its line number)."""
+
+    _SPLIT = 512  # lines below which a rejected block is parsed line by line
+
+    def __init__(self, plan: _Plan, digest: _Digest) -> None:
+        pa = _pa()
+        self.plan = plan
+        self.digest = digest
+        self.group_types = {c: pa.string() for c in plan.group_cols}
+
+    def _schema(self) -> Any:
+        pa = _pa()
+        fields = [pa.field(c, t) for c, t in self.group_types.items()]
+        fields += [pa.field(c, pa.float64()) for c in self.plan.value_cols
+                   if c not in self.group_types]
+        return pa.schema(fields)
+
+    def _arrow(self, block: bytes) -> Any:
+        pa = _pa()
+        import pyarrow.json as pj
+
+        parse = pj.ParseOptions(explicit_schema=self._schema(),
+                                unexpected_field_behavior="ignore")
+        read = pj.ReadOptions(block_size=max(len(block) + 1, 1 << 16), use_threads=False)
+        for _ in range(len(self.group_types) + 1):
+            try:
+                return pj.read_json(pa.BufferReader(block), read_options=read,
+                                    parse_options=parse)
+            except pa.ArrowInvalid as exc:
+                # a group column of integers (a numeric uid or step): switch its type once
+                text = str(exc)
+                switched = False
+                for c, t in self.group_types.items():
+                    if (f"Column(/{c}) changed from string to number" in text
+                            and t == pa.string()):
+                        self.group_types[c] = pa.int64()
+                        switched = True
+                    elif (f"Column(/{c}) changed from number to string" in text
+                            and t == pa.int64()):
+                        self.group_types[c] = pa.string()
+                        switched = True
+                if not switched:
+                    return None
+                parse = pj.ParseOptions(explicit_schema=self._schema(),
+                                        unexpected_field_behavior="ignore")
+        return None
+
+    def block(self, block: bytes, start: int) -> None:
+        table = self._arrow(block) if block.strip() else None
+        if table is not None:
+            lines = _nonblank_lines(block, start)
+            if lines is not None and lines.size == table.num_rows:
+                batch = table.combine_chunks()
+                _digest_arrow(self.digest, self.plan, batch, lines)
+                return
+        if not block.strip():
+            return
+        parts = block.split(b"\n")
+        if block.endswith(b"\n"):
+            parts.pop()
+        if len(parts) <= self._SPLIT:
+            self._python(parts, start)
+            return
+        half = len(parts) // 2
+        self.block(b"\n".join(parts[:half]) + b"\n", start)
+        self.block(b"\n".join(parts[half:]) + (b"\n" if block.endswith(b"\n") else b""),
+                   start + half)
+
+    def _python(self, parts: list[bytes], start: int) -> None:
+        plan, digest = self.plan, self.digest
+        rows: list[dict[str, Any]] = []
+        lines: list[int] = []
+        for k, line in enumerate(parts):
+            if not line.strip():
+                continue
+            number = start + k
+            try:
+                row = json.loads(line)
+            except UnicodeDecodeError:
+                digest.broken(number, "not UTF-8 text")
+                continue
+            except RecursionError:
+                digest.broken(number, "JSON nested too deeply")
+                continue
+            except ValueError as exc:  # broken JSON, or an integer of over 4300 digits
+                digest.broken(number, f"not valid JSON ({_first_line(exc).split(':')[0]})")
+                continue
+            if not isinstance(row, dict):
+                digest.broken(number, f"expected a JSON object, got {type(row).__name__}")
+                continue
+            rows.append(row)
+            lines.append(number)
+        if not rows:
+            return
+        codes = [enc.encode_python([r.get(c) for r in rows])
+                 for enc, c in zip(digest.encoders, plan.group_cols, strict=True)]
+        values, unparsable, raw = [], [], []
+        for c in plan.value_cols:
+            column = [r.get(c) for r in rows]
+            v, u = _floats_python(column)
+            values.append(v)
+            unparsable.append(u)
+            raw.append(column)
+        digest.add(codes, values, unparsable, raw, np.asarray(lines, np.int64))
+
+
+def _nonblank_lines(block: bytes, start: int) -> np.ndarray | None:
+    """Line numbers of the non-blank lines of a block (pyarrow skips blank lines)."""
+    buf = np.frombuffer(block, np.uint8)
+    ends = np.flatnonzero(buf == 10)
+    if not block.endswith(b"\n"):
+        ends = np.append(ends, buf.size)
+    begins = np.concatenate(([0], ends[:-1] + 1))
+    length = ends - begins
+    blank = length == 0
+    cr = length == 1
+    if cr.any():
+        blank[cr] = buf[begins[cr]] == 13
+    if (length > 1).any() and not (length[~blank] > 1).all():
+        return None
+    return start + np.flatnonzero(~blank)
+
+
+# --------------------------------------------------------------------------- Parquet
+
+
+def _read_parquet(path: Path, plan_for: Callable[..., _Plan], on_bad_row: str,
+                  progress: Callable[[int], None] | None) -> tuple[_Plan, _Digest]:
+    pa = _pa()
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(str(path))
+        schema = pf.schema_arrow
+    except (pa.ArrowException, OSError) as exc:
+        raise LogError(f"cannot read as Parquet ({_first_line(exc)})") from None
+    numeric = {f.name for f in schema if pa.types.is_integer(f.type)
+               or pa.types.is_floating(f.type)}
+    plan = plan_for(schema.names, lambda c: c in numeric)
+    digest = _Digest(plan.group_cols, plan.value_cols, len(plan.reward_cols), on_bad_row,
+                     "row")
+    row = 1
+    try:
+        for batch in pf.iter_batches(batch_size=1 << 18, columns=list(plan.needed)):
+            n = batch.num_rows
+            _digest_arrow(digest, plan, batch, np.arange(row, row + n))
+            row += n
+            if progress is not None:
+                progress(int(os.path.getsize(path) * min(1.0, row / max(pf.metadata.num_rows, 1))))
+    except (pa.ArrowException, OSError) as exc:
+        raise LogError(f"cannot read as Parquet ({_first_line(exc)})") from None
+    return plan, digest
+
+
+# --------------------------------------------------------------------------- NPZ / NPY
+
+
+def _npy_header(fp: IO[bytes], name: str, limit: int) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """Shape, Fortran order and dtype from a .npy header, checked against ``limit``."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(fp)
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(fp)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = fmt.read_array_header_2_0(fp)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except (ValueError, EOFError, OSError, SyntaxError) as exc:
+        raise LogError(f"{name} is not a .npy array ({_first_line(exc)})") from None
+    if dtype.hasobject:
+        raise LogError(f"{name} holds Python objects, which are never loaded (pickles); "
+                       "save numbers or strings")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > limit:
+        raise LogError(f"{name} has shape {shape} ({nbytes:,} bytes), over the limit of "
+                       f"{limit:,} bytes")
+    return shape, fortran, dtype
+
+
+def _npy_read(fp: IO[bytes], name: str, limit: int, size: int | None) -> np.ndarray:
+    start = fp.tell() if size is not None else 0
+    shape, fortran, dtype = _npy_header(fp, name, limit)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if size is not None and size - (fp.tell() - start) < nbytes:
+        raise LogError(f"{name} is truncated: its header promises {nbytes:,} bytes of data, "
+                       f"the file holds {size - (fp.tell() - start):,}")
+    data = fp.read(nbytes)
+    if len(data) < nbytes:
+        raise LogError(f"{name} is truncated: its header promises {nbytes:,} bytes of data, "
+                       f"the file holds {len(data):,}")
+    array = np.frombuffer(data, dtype=dtype, count=math.prod(shape))
+    array = array.reshape(shape, order="F" if fortran else "C")
+    if dtype.byteorder not in ("=", "|") and dtype.names is None:
+        array = array.astype(dtype.newbyteorder("="))  # big-endian: native order
+    return array
+
+
+def _read_arrays(path: Path, fmt: str, limit: int) -> dict[str, np.ndarray]:
+    if fmt == "npy":
+        with open(path, "rb") as f:
+            array = _npy_read(f, "the .npy file", limit, os.path.getsize(path))
+        if array.dtype.names:
+            return {n: _native(array[n]) for n in array.dtype.names}
+        return {"rewards": array}
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise LogError(f"cannot read as .npz ({_first_line(exc)})") from None
+    with archive:
+        infos = archive.infolist()
+        total = sum(i.file_size for i in infos)
+        if total > limit:  # before anything is decompressed: a zip bomb stops here
+            raise LogError(f"the .npz members decompress to {total:,} bytes, over the limit "
+                           f"of {limit:,} bytes")
+        arrays = {}
+        for info in infos:
+            name = info.filename.removesuffix(".npy")
+            try:
+                with archive.open(info) as member:
+                    arrays[name] = _npy_read(member, f"member {name!r}", limit, info.file_size)
+            except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as exc:
+                raise LogError(f"cannot read as .npz (member {name!r}: "
+                               f"{_first_line(exc)})") from None
+    return arrays
+
+
+def _native(array: np.ndarray) -> np.ndarray:
+    if array.dtype.byteorder not in ("=", "|"):
+        return array.astype(array.dtype.newbyteorder("="))
+    return array
+
+
+def _read_npz(path: Path, fmt: str, plan_for: Callable[..., _Plan], on_bad_row: str,
+              limit: int) -> tuple[_Plan, _Digest]:
+    pa = _pa()
+    arrays = _read_arrays(path, fmt, limit)
+    numeric = {k for k, a in arrays.items() if a.dtype.kind in "iuf"}
+    plan = plan_for(list(arrays), lambda c: c in numeric)
+    digest = _Digest(plan.group_cols, plan.value_cols, len(plan.reward_cols), on_bad_row,
+                     "row")
+    value_arrays = []
+    for c in plan.value_cols:
+        a = arrays[c]
+        if a.dtype.kind not in "iuf" or a.ndim not in (1, 2):
+            raise LogError(f"array {c!r} must hold numbers in 1 or 2 dimensions; got "
+                           f"{a.ndim}-D {a.dtype}")
+        value_arrays.append(a)
+    shape = value_arrays[0].shape
+    for c, a in zip(plan.value_cols, value_arrays, strict=True):
+        if a.shape != shape:
+            raise LogError(f"array {c!r} has shape {a.shape}, {plan.value_cols[0]!r} has "
+                           f"{shape}")
+    n = math.prod(shape)
+    if len(shape) == 2:
+        if plan.group_cols:
+            raise LogError("2-D rewards are grouped by row; drop --group-col")
+        group_arrays = [np.repeat(np.arange(shape[0]), shape[1])]
+        plan = _Plan(("row",), plan.reward_cols, plan.extra_cols)
+        digest = _Digest(("row",), plan.value_cols, len(plan.reward_cols), on_bad_row, "row")
+    elif plan.group_cols == ("offsets",):
+        off = arrays["offsets"]
+        if off.dtype.kind not in "iu" or off.ndim != 1 or off.size < 1 or off[0] != 0 \
+                or off[-1] != n or np.any(np.diff(off) < 0):
+            raise LogError(f"array 'offsets' must be non-decreasing integers from 0 to {n}")
+        group_arrays = [np.repeat(np.arange(off.size - 1), np.diff(off))]
+    elif not plan.group_cols:
+        raise LogError("1-D rewards need exactly one of `offsets` or `group_ids` (or "
+                       "--group-col NAME)")
+    else:
+        group_arrays = []
+        for c in plan.group_cols:
+            g = arrays[c]
+            if g.ndim != 1 or g.size != n:
+                raise LogError(f"array {c!r} must be 1-D with one label per reward ({n}); "
+                               f"got shape {g.shape}")
+            group_arrays.append(g)
+    flat = [a.reshape(-1) for a in value_arrays]
+    for lo in range(0, n, _NPZ_ROWS):
+        hi = min(n, lo + _NPZ_ROWS)
+        codes = []
+        for enc, g in zip(digest.encoders, group_arrays, strict=True):
+            piece = g[lo:hi]
+            if piece.dtype.kind in "iu":
+                codes.append(enc.encode_arrow(pa.array(piece.astype(np.int64))))
+            elif piece.dtype.kind in "USb":
+                codes.append(enc.encode_arrow(pa.array(piece.tolist())))
+            else:
+                raise LogError(f"group ids must be integers or strings; got {piece.dtype}")
+        values = [np.asarray(a[lo:hi], np.float64) for a in flat]
+        digest.add(codes, values, [None] * len(values), [a[lo:hi] for a in flat],
+                   np.arange(lo + 1, hi + 1))
+    return plan, digest
+
+
+def _decompressed_copy(path: Path, compression: str, limit: int, workdir: str) -> Path:
+    """A compressed binary file (Parquet, .npz, .npy) decompressed to a temporary file,
+    refused past ``limit`` bytes."""
+    stream, raw = _open_stream(path, compression)
+    target = Path(workdir) / path.name
+    written = 0
+    try:
+        with raw, open(target, "wb") as out:
+            while True:
+                chunk = stream.read(1 << 22)
+                if not chunk:
+                    break
+                written += len(chunk)
+                if written > limit:
+                    raise LogError(f"decompresses to over the limit of {limit:,} bytes")
+                out.write(chunk)
+    except OSError as exc:
+        raise LogError(f"cannot decompress ({compression}): {_first_line(exc)}") from None
+    return target
+
+
+# --------------------------------------------------------------------------- read_log
+
+
+def _read_log_iv(preset: Any, group_cols: Any, reward_cols: Any, reward_weights: Any,
+                 reward_agg: Any, extra_cols: Any, on_bad_row: Any, max_bytes: Any
+                 ) -> tuple[Preset | None, tuple[str, ...], tuple[str, ...],
+                            tuple[float, ...] | None, tuple[str, ...]]:
+    if preset is not None and preset not in PRESETS:
+        raise LogError(f"unknown preset {preset!r}: expected one of {', '.join(PRESETS)}")
+    if reward_agg not in REWARD_AGGREGATIONS:
+        raise LogError(f"unknown reward aggregation {reward_agg!r}: expected one of "
+                       f"{', '.join(REWARD_AGGREGATIONS)}")
+    if on_bad_row not in ("skip", "error"):
+        raise LogError(f"on_bad_row must be 'skip' or 'error'; got {on_bad_row!r}")
+    if not isinstance(max_bytes, int) or max_bytes <= 0:
+        raise LogError(f"max_bytes must be a positive integer; got {max_bytes!r}")
+    groups = (group_cols,) if isinstance(group_cols, str) else tuple(group_cols or ())
+    rewards = (reward_cols,) if isinstance(reward_cols, str) else tuple(reward_cols or ())
+    extras = (extra_cols,) if isinstance(extra_cols, str) else tuple(extra_cols or ())
+    weights = None
+    if reward_weights is not None:
+        try:
+            weights = tuple(float(w) for w in reward_weights)
+        except (TypeError, ValueError):
+            raise LogError("reward weights must be numbers") from None
+        if not all(math.isfinite(w) for w in weights):
+            raise LogError("reward weights must be finite")
+        if rewards and len(weights) != len(rewards):
+            raise LogError(f"{len(weights)} reward weights for {len(rewards)} reward columns")
+    return (PRESETS[preset] if preset is not None else None), groups, rewards, weights, extras
+
+
+def read_log(
+    path: str | os.PathLike[str],
+    *,
+    preset: str | None = None,
+    group_cols: Sequence[str] | str | None = None,
+    reward_cols: Sequence[str] | str | None = None,
+    reward_weights: Sequence[float] | None = None,
+    reward_agg: str = "sum",
+    extra_cols: Sequence[str] | str = (),
+    format: str = "auto",
+    on_bad_row: str = "skip",
+    max_bytes: int = 1 << 31,
+    progress: Callable[[int, int], None] | None = None,
+) -> RewardLog:
+    """Read a reward log into grouped rewards.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A CSV, JSON Lines, Parquet, ``.npz`` or ``.npy`` file, optionally gzip-, zstd- or
+        bz2-compressed; the format is read from the content (the extension only breaks
+        the tie between CSV and JSON Lines, and a contradicting one is an error).
+    preset : {"verl", "trl"}, optional
+        Column names of a trainer's logs (see :data:`PRESETS`).  Without a preset and
+        without ``group_cols``/``reward_cols``: columns ``group`` and ``reward``; for
+        arrays, ``rewards`` (2-D: a group per row; 1-D: with ``offsets`` or
+        ``group_ids``).
+    group_cols : sequence of str, optional
+        The column(s) whose values name the group (several: a group per combination).
+    reward_cols : sequence of str, optional
+        The reward column(s) (arrays in ``.npz``, fields of a structured ``.npy``).
+    reward_weights : sequence of float, optional
+        One weight per reward column (default: all 1), as TRL's ``reward_weights``.
+    reward_agg : {"sum", "normalize_then_sum"}, default "sum"
+        How several reward columns combine, as TRL's ``multi_objective_aggregation``:
+        ``"sum"`` is the weighted sum with empty/NaN columns skipped (``nansum``);
+        ``"normalize_then_sum"`` first standardises each column within its group,
+        ``(r - nanmean) / (nanstd + 1e-4)`` (``nanstd`` with Bessel's correction, NaN
+        for a group with one valid value, which then drops out of the sum).
+    extra_cols : sequence of str, default ()
+        Further numeric columns to return in :attr:`RewardLog.extra`, aligned with the
+        rewards (e.g. a second scoring of the same responses); a row where one is empty,
+        NaN or not a number is a bad row.
+    format : {"auto", "csv", "jsonl", "parquet", "npz", "npy"}, default "auto"
+        Expected format (an error when the content shows another binary format).
+    on_bad_row : {"skip", "error"}, default "skip"
+        A row with an empty, NaN, infinite or unparsable reward, an empty group id, a
+        wrong number of fields or broken JSON is skipped and counted in
+        :attr:`RewardLog.bad_rows` (``"skip"``), or stops the read (``"error"``).  With
+        several reward columns, a row is bad only when all of them are empty or NaN.
+    max_bytes : int, default 2**31
+        Largest array (``.npz``/``.npy``, checked from the headers before anything is
+        decompressed) or decompressed binary file accepted.
+    progress : callable(done, total), optional
+        Called after each chunk with the bytes of the (compressed) file read so far
+        and its size.
+
+    Returns
+    -------
+    RewardLog
+
+    Raises
+    ------
+    LogError
+        A one-line description of what is wrong with the file or the options.
+    MissingDependencyError
+        pyarrow is not installed.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> from advcal.logs import read_log
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "log.csv").write_text(
+    ...     "prompt,accuracy,format\\nq1,1,0.5\\nq2,0,0\\nq1,0,0.5\\nq2,1,\\nq2,nan,nan\\n")
+    >>> log = read_log(folder / "log.csv", preset="trl", reward_weights=[1.0, 0.5])
+    >>> log.reward_cols, log.rewards, log.offsets
+    (('accuracy', 'format'), array([1.25, 0.25, 0.  , 1.  ]), array([0, 2, 4]))
+    >>> log.bad_rows.summary()
+    'skipped 1 bad line (line 6: no reward (every reward column empty or NaN))'
+    """
+    path = Path(path)
+    preset_obj, groups, rewards, weights, extras = _read_log_iv(
+        preset, group_cols, reward_cols, reward_weights, reward_agg, extra_cols, on_bad_row,
+        max_bytes)
+    fmt, compression = detect_format(path, format)
+    total = os.path.getsize(path)
+    report = None if progress is None else (lambda done: progress(done, total))
+
+    def plan_for(columns: Sequence[str], numeric: Callable[[str], bool]) -> _Plan:
+        plan = _plan(columns, numeric, preset_obj, preset is not None, groups, rewards,
+                     extras, fmt in ("npz", "npy"))
+        if weights is not None and len(weights) != len(plan.reward_cols):
+            raise LogError(f"{len(weights)} reward weights for the {len(plan.reward_cols)} "
+                           f"reward columns {', '.join(plan.reward_cols)}")
+        return plan
+
+    _pa()
+    workdir = None
+    try:
+        if compression is not None and fmt in ("parquet", "npz", "npy"):
+            workdir = tempfile.mkdtemp(prefix="advcal-")
+            path_read = _decompressed_copy(path, compression, max_bytes, workdir)
+        else:
+            path_read = path
+        if fmt == "csv":
+            plan, digest = _read_csv(path_read, compression, plan_for, on_bad_row, report)
+        elif fmt == "jsonl":
+            plan, digest = _read_jsonl(path_read, compression, plan_for, on_bad_row, report)
+        elif fmt == "parquet":
+            plan, digest = _read_parquet(path_read, plan_for, on_bad_row, report)
+        else:
+            plan, digest = _read_npz(path_read, fmt, plan_for, on_bad_row, max_bytes)
+    except MemoryError:
+        raise LogError("out of memory while reading") from None
+    finally:
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return _assemble(path, fmt, compression, plan, digest,
+                     weights or (1.0,) * len(plan.reward_cols), reward_agg)
+
+
+def _assemble(path: Path, fmt: str, compression: str | None, plan: _Plan, digest: _Digest,
+              weights: tuple[float, ...], reward_agg: str) -> RewardLog:
+    bad = BadRows(digest.bad, tuple(sorted(digest.examples)), digest.unit)
+    codes = [np.concatenate(c) if c else np.empty(0, np.int64) for c in digest.codes]
+    values = [np.concatenate(v) if v else np.empty(0) for v in digest.values]
+    n = codes[0].size if codes else 0
+    if n == 0:
+        raise LogError("no rows (the file holds no responses)" if not bad.count
+                       else f"no valid rows: {bad.summary()}")
+    if len(codes) == 1:  # codes are dense in order of first appearance already
+        used = np.bincount(codes[0]) > 0
+        group = (np.cumsum(used) - 1)[codes[0]]
+        n_groups = int(np.count_nonzero(used))
+    else:
+        key = codes[0]
+        for enc, c in zip(digest.encoders[1:], codes[1:], strict=True):
+            key = key * max(len(enc.codes), 1) + c
+        # groups in order of first appearance: rank each key by its first row
+        uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        rank = np.empty(uniq.size, np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(uniq.size)
+        group = rank[inverse.reshape(-1)]
+        n_groups = int(uniq.size)
+    order = np.argsort(group, kind="stable")
+    sizes = np.bincount(group, minlength=n_groups)
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    ordered = [v[order] for v in values]
+    k = len(plan.reward_cols)
+    columns = np.stack(ordered[:k], axis=1)
+    w = np.asarray(weights, np.float64)
+    if reward_agg == "normalize_then_sum":
+        columns = _normalize_within_groups(columns, offsets)
+    with np.errstate(invalid="ignore"):
+        rewards = np.nansum(columns * w, axis=1) if k > 1 or reward_agg != "sum" \
+            else columns[:, 0] * w[0]
+    extra = dict(zip(plan.extra_cols, ordered[k:], strict=True))
+    return RewardLog(rewards, offsets, extra, str(path), fmt, compression, plan.group_cols,
+                     plan.reward_cols, weights, reward_agg, bad)
+
+
+def _normalize_within_groups(columns: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """TRL's per-group standardisation of each reward column, NaN-aware."""
+    sizes = np.diff(offsets)
+    starts = offsets[:-1]
+    valid = ~np.isnan(columns)
+    filled = np.where(valid, columns, 0.0)
+    count = np.add.reduceat(valid.astype(np.float64), starts, axis=0)
+    total = np.add.reduceat(filled, starts, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = total / count
+        dev = np.where(valid, columns - np.repeat(mean, sizes, axis=0), 0.0)
+        var = np.add.reduceat(dev * dev, starts, axis=0) / count * count / (count - 1)
+        std = np.where(count > 1, np.sqrt(var), np.nan)
+        return (columns - np.repeat(mean, sizes, axis=0)) / (np.repeat(std, sizes, axis=0)
+                                                             + _TRL_EPS)
