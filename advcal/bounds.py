@@ -1,8 +1,10 @@
 """Upper confidence bounds and p-values for a risk estimated from k losses in n trials.
 
-DESIGN §6.4.  Every function broadcasts over arrays of ``k`` and ``n`` (and of the level),
-so one call bounds a whole threshold grid.  ``n = 0`` is the *vacuous* case: no
-evidence, UCB 1 and p-value 1.  scipy is imported inside the functions (a 1.2 s import).
+Every function broadcasts over arrays of ``k`` and ``n`` (and of the level), so one call
+bounds a whole threshold grid.  ``n = 0`` is the *vacuous* case: no evidence, UCB 1 and
+p-value 1.  Each UCB is the exact dual of its p-value, ``ucb(k, n, delta) = inf{beta :
+risk_p_value(k, n, beta) <= delta}``, so ``ucb <= beta`` exactly when ``p <= delta``.
+scipy is imported inside the functions (a 1.2 s import).
 """
 
 from __future__ import annotations
@@ -81,22 +83,137 @@ def _scalar_or_array(out: np.ndarray) -> Any:
     return float(out) if out.ndim == 0 else out
 
 
-def _beta_ucb(k: np.ndarray, n: np.ndarray, delta: np.ndarray) -> np.ndarray:
-    """R with P(Bin(n, R) <= k) = delta: the (1 - delta) quantile of Beta(k+1, n-k)."""
+def _binomial_tail(k: np.ndarray, n: np.ndarray, beta: np.ndarray) -> np.ndarray:
     from scipy import stats
 
-    out = np.ones(k.shape)
-    some = k < n  # k = n (n = 0 included): every risk up to 1 is consistent
-    # isf(delta) rather than ppf(1 - delta): no cancellation for tiny delta.
-    out[some] = stats.beta.isf(delta[some], k[some] + 1, n[some] - k[some])
+    out = stats.binom.cdf(k, n, beta)
+    return np.where(n == 0, 1.0, out)
+
+
+def _bernoulli_kl(rate: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """h(rate, beta) for 0 <= rate <= beta < 1, with 0 log 0 = 0.
+
+    The log1p forms keep it accurate when rate is near beta (huge n), where the plain
+    logs of two nearly equal ratios cancel.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        first = np.where(rate > 0, rate * np.log1p((rate - beta) / beta), 0.0)
+        second = (1.0 - rate) * np.log1p((beta - rate) / (1.0 - beta))
+    return np.maximum(first + second, 0.0)
+
+
+def _hoeffding_p(k: np.ndarray, n: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    out = np.ones(np.shape(k))
+    some = n > 0
+    ns = n[some].astype(np.float64)
+    b = beta[some]
+    rate = np.minimum(k[some] / ns, b)
+    out[some] = np.exp(-ns * _bernoulli_kl(rate, b))
     return out
 
 
-def _hoeffding_ucb(k: np.ndarray, n: np.ndarray, delta: np.ndarray) -> np.ndarray:
+def _p_values(bound: str, k: np.ndarray, n: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """The p-value of "risk > beta" for one bound family (elementwise, no validation).
+
+    :func:`ucb` inverts exactly these numbers, so the two never disagree.
+    """
+    if bound == "clopper-pearson":
+        return np.asarray(_binomial_tail(k, n, beta), dtype=np.float64)
+    if bound == "hoeffding":
+        return _hoeffding_p(k, n, beta)
+    out = np.minimum(1.0, math.e * _binomial_tail(k, n, beta))
+    if bound == "hoeffding-bentkus":
+        out = np.minimum(out, _hoeffding_p(k, n, beta))
+    return np.asarray(out, dtype=np.float64)
+
+
+def _smallest_certified(bound: str, k: np.ndarray, n: np.ndarray, delta: np.ndarray,
+                        low: np.ndarray, guess: np.ndarray | None) -> np.ndarray:
+    """Per cell, the smallest float64 beta in (low, 1] with p(k, n, beta) <= delta.
+
+    The p-value is 1 > delta at ``low`` and beta = 1 counts as certified (the vacuous
+    bound).  Positive float64 values are ordered like their bit patterns, so the search
+    runs on integers: it gallops out from ``guess`` (a close closed-form or quantile
+    value, NaN where unavailable) until the p-value crosses delta, then bisects to
+    adjacent floats.  The answer is therefore the dual of :func:`risk_p_value` to the
+    last bit wherever the computed p-value is monotone in beta.
+    """
+
+    def certified(idx: np.ndarray, bits: np.ndarray) -> np.ndarray:
+        beta = bits.view(np.float64)
+        return _p_values(bound, k[idx], n[idx], beta) <= delta[idx]
+
+    lo = np.ascontiguousarray(low, dtype=np.float64).view(np.int64).copy()
+    hi = np.full(lo.shape, np.float64(1.0)).view(np.int64).copy()
+    if guess is not None:
+        start = np.asarray(guess, dtype=np.float64)
+        usable = np.isfinite(start) & (start > low) & (start < 1.0)
+        idx = np.flatnonzero(usable)
+        g = start[idx].view(np.int64)
+        ok = certified(idx, g)
+        hi[idx[ok]] = g[ok]
+        lo[idx[~ok]] = g[~ok]
+        down = ok  # certified at the guess: look below it, else above
+        step = 1
+        while idx.size:
+            probe = np.where(down, hi[idx] - step, lo[idx] + step)
+            inside = (probe > lo[idx]) & (probe < hi[idx])
+            idx, probe, down = idx[inside], probe[inside], down[inside]
+            ok = certified(idx, probe)
+            hi[idx[ok]] = probe[ok]
+            lo[idx[~ok]] = probe[~ok]
+            # Keep galloping while the probe stays on the guess's side of the boundary.
+            keep = ok == down
+            idx, down = idx[keep], down[keep]
+            step *= 2
+    idx = np.flatnonzero(hi - lo > 1)
+    while idx.size:
+        mid = lo[idx] + (hi[idx] - lo[idx]) // 2
+        ok = certified(idx, mid)
+        hi[idx[ok]] = mid[ok]
+        lo[idx[~ok]] = mid[~ok]
+        idx = idx[hi[idx] - lo[idx] > 1]
+    return hi.view(np.float64)
+
+
+def _kl_root(rate: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """Approximately the beta > rate with h(rate, beta) = level: a start for the search.
+
+    In x = -log(1 - beta), h is convex and increasing above rate (dh/dx = (beta - rate) /
+    beta), and h grows only like x near beta = 1, so Newton's method on x started to the
+    right of the root (Pinsker: rate + sqrt(level / 2) is) decreases to it quickly.
+    """
+    beta = np.minimum(rate + np.sqrt(level / 2.0), np.nextafter(1.0, 0.0))
+    x = -np.log1p(-beta)
+    with np.errstate(all="ignore"):
+        for _ in range(8):
+            slope = (beta - rate) / beta
+            x = x - (_bernoulli_kl(rate, beta) - level) / slope
+            beta = np.clip(-np.expm1(-x), rate, 1.0)
+    return beta
+
+
+def _dual_ucb(bound: str, k: np.ndarray, n: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    """inf{beta : p(k, n, beta) <= delta} for a single family (not hoeffding-bentkus)."""
+    from scipy import special
+
     out = np.ones(k.shape)
-    some = n > 0
-    ns = n[some].astype(np.float64)
-    out[some] = np.minimum(1.0, k[some] / ns + np.sqrt(np.log(1.0 / delta[some]) / (2.0 * ns)))
+    some = np.flatnonzero((k < n).reshape(-1))  # k = n (n = 0 included): p = 1, bound 1
+    if not some.size:
+        return out
+    ks, ns, ds = (a.reshape(-1)[some] for a in (k, n, delta))
+    if bound == "hoeffding":
+        low = ks / ns.astype(np.float64)  # p = 1 up to the empirical rate
+        guess = _kl_root(low, -np.log(ds) / ns)
+    else:
+        low = np.zeros(ks.shape)
+        level = ds if bound == "clopper-pearson" else ds / math.e
+        # The (1 - level) quantile of Beta(k+1, n-k) solves P(Bin(n, beta) <= k) = level;
+        # betainccinv (no 1 - level cancellation) is a starting point accurate to a few
+        # ulps where it converges, and NaN where it does not (huge n, subnormal levels).
+        with np.errstate(all="ignore"):
+            guess = special.betainccinv(ks + 1.0, (ns - ks).astype(np.float64), level)
+    out.reshape(-1)[some] = _smallest_certified(bound, ks, ns, ds, low, guess)
     return out
 
 
@@ -124,9 +241,18 @@ def ucb(
         Error level in (0, 1); broadcasts with ``k`` and ``n``.
     bound : {"clopper-pearson", "hoeffding", "bentkus", "hoeffding-bentkus"}
         ``"clopper-pearson"``: the exact binomial bound ``beta.ppf(1 - delta, k + 1,
-        n - k)`` (1 when k = n).  ``"hoeffding"``: ``k / n + sqrt(log(1 / delta) /
-        (2 n))``, capped at 1.  ``"bentkus"``: the Clopper-Pearson bound at level
-        ``delta / e``.  ``"hoeffding-bentkus"``: the smaller of the two.
+        n - k)`` (1 when k = n).  ``"hoeffding"``: the ``b >= k / n`` solving
+        ``n * h(k / n, b) = log(1 / delta)``, with ``h`` the Bernoulli KL divergence
+        (tighter than the sub-Gaussian ``k / n + sqrt(log(1 / delta) / (2 n))``, which
+        Pinsker's inequality shows to be an upper bound on it).  ``"bentkus"``: the
+        Clopper-Pearson bound at level ``delta / e``.  ``"hoeffding-bentkus"``: the
+        smaller of the two.
+
+        Each is the dual of :func:`risk_p_value` with the same ``bound``: the smallest
+        float64 ``b`` with ``risk_p_value(k, n, b) <= delta``, found by searching the
+        p-value itself from a closed-form start, so ``ucb(k, n, delta) <= beta`` if and
+        only if ``risk_p_value(k, n, beta) <= delta`` (up to rounding noise in the
+        p-value at the boundary).
 
     Returns
     -------
@@ -136,44 +262,26 @@ def ucb(
 
     Examples
     --------
-    >>> from advcal import ucb
+    >>> from advcal import risk_p_value, ucb
     >>> ucb(0, 10, 0.05)  # 1 - 0.05 ** (1 / 10)
     0.2588656
-    >>> ucb([0, 5, 10], 10, 0.05, bound="hoeffding")
-    array([0.3870228, 0.8870228, 1.       ])
+    >>> ucb([0, 5, 10], 10, 0.05, bound="hoeffding")  # k = 0 is 1 - 0.05 ** (1 / 10) too
+    array([0.2588656, 0.8356783, 1.       ])
+    >>> ucb(0, 11, 0.1, bound="hoeffding") <= 0.2  # the dual of the p-value below
+    True
+    >>> risk_p_value(0, 11, 0.2, bound="hoeffding") <= 0.1
+    True
     >>> ucb(0, 0, 0.1)  # no trials: vacuous
     1.0
     """
     k_arr, n_arr, delta_arr = _counts_iv(k, n, delta, "delta", bound)
-    if bound == "clopper-pearson":
-        out = _beta_ucb(k_arr, n_arr, delta_arr)
-    elif bound == "hoeffding":
-        out = _hoeffding_ucb(k_arr, n_arr, delta_arr)
+    if bound == "hoeffding-bentkus":
+        # {beta : min(pH, pB) <= delta} is the union of the two certified half-lines.
+        out = np.minimum(_dual_ucb("bentkus", k_arr, n_arr, delta_arr),
+                         _dual_ucb("hoeffding", k_arr, n_arr, delta_arr))
     else:
-        out = _beta_ucb(k_arr, n_arr, delta_arr / math.e)
-        if bound == "hoeffding-bentkus":
-            out = np.minimum(out, _hoeffding_ucb(k_arr, n_arr, delta_arr))
+        out = _dual_ucb(bound, k_arr, n_arr, delta_arr)
     return _scalar_or_array(out)
-
-
-def _binomial_tail(k: np.ndarray, n: np.ndarray, beta: np.ndarray) -> np.ndarray:
-    from scipy import stats
-
-    out = stats.binom.cdf(k, n, beta)
-    return np.where(n == 0, 1.0, out)
-
-
-def _hoeffding_p(k: np.ndarray, n: np.ndarray, beta: np.ndarray) -> np.ndarray:
-    from scipy.special import xlogy
-
-    out = np.ones(k.shape)
-    some = n > 0
-    rate = np.minimum(k[some] / n[some].astype(np.float64), beta[some])
-    b = beta[some]
-    # Bernoulli KL divergence h(rate, beta); xlogy makes 0 * log 0 = 0.
-    kl = xlogy(rate, rate / b) + xlogy(1.0 - rate, (1.0 - rate) / (1.0 - b))
-    out[some] = np.exp(-n[some] * np.maximum(kl, 0.0))
-    return out
 
 
 def risk_p_value(
@@ -185,8 +293,9 @@ def risk_p_value(
 ) -> Any:
     """P-value of the null hypothesis "risk > beta" from ``k`` losses in ``n`` trials.
 
-    The Learn-then-Test p-values of DESIGN §6.4: rejecting when ``p <= delta`` controls
-    the probability of certifying a risk above ``beta`` at ``delta``.
+    The Learn-then-Test p-values: rejecting when ``p <= delta`` controls the probability
+    of certifying a risk above ``beta`` at ``delta``.  :func:`ucb` with the same
+    ``bound`` is their exact dual.
 
     Parameters
     ----------
@@ -214,12 +323,5 @@ def risk_p_value(
     array([0.0012379, 1.       ])
     """
     k_arr, n_arr, beta_arr = _counts_iv(k, n, beta, "beta", bound)
-    if bound == "clopper-pearson":
-        out = _binomial_tail(k_arr, n_arr, beta_arr)
-    elif bound == "hoeffding":
-        out = _hoeffding_p(k_arr, n_arr, beta_arr)
-    else:
-        out = np.minimum(1.0, math.e * _binomial_tail(k_arr, n_arr, beta_arr))
-        if bound == "hoeffding-bentkus":
-            out = np.minimum(out, _hoeffding_p(k_arr, n_arr, beta_arr))
+    out = _p_values(bound, k_arr, n_arr, beta_arr)
     return _scalar_or_array(np.asarray(out, dtype=np.float64))

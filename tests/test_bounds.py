@@ -48,11 +48,42 @@ def test_closed_forms_at_the_edges():
         assert risk_p_value(0, 0, 0.1, bound=bound) == 1.0
 
 
+def _kl(r: float, b: float) -> float:
+    first = r * math.log(r / b) if r > 0 else 0.0
+    return first + (1 - r) * math.log((1 - r) / (1 - b))
+
+
 def test_hoeffding_by_hand():
-    # 3/20 + sqrt(log(1/0.1) / 40) = 0.15 + 0.2399263...
-    assert ucb(3, 20, 0.1, bound="hoeffding") == pytest.approx(0.3899263, abs=1e-7)
-    assert ucb(19, 20, 0.1, bound="hoeffding") == 1.0  # capped
+    # The KL form: the b > 3/20 with 20 h(0.15, b) = log(1 / 0.1).
+    u = ucb(3, 20, 0.1, bound="hoeffding")
+    assert 20 * _kl(0.15, u) == pytest.approx(math.log(10), rel=1e-12)
+    assert u == pytest.approx(0.3656987, abs=1e-7)
+    # ... tighter than the sub-Gaussian 3/20 + sqrt(log(1/0.1) / 40) = 0.3899263 (Pinsker).
+    assert u < 0.15 + math.sqrt(math.log(10) / 40)
+    # k = 0: h(0, b) = -log(1 - b), so the bound is Clopper-Pearson's 1 - delta**(1/n).
+    assert ucb(0, 11, 0.1, bound="hoeffding") == pytest.approx(1 - 0.1 ** (1 / 11), rel=1e-14)
+    assert ucb(20, 20, 0.1, bound="hoeffding") == 1.0  # k = n
     assert ucb(0, 0, 0.1, bound="hoeffding") == 1.0
+
+
+def test_the_issue_example_certifies_under_both_columns():
+    # k = 0, n = 11, beta = 0.2: p = 0.8**11 = 0.086 <= 0.1, and the bound agrees
+    # (the sub-Gaussian form gave 0.324 and refused).
+    assert risk_p_value(0, 11, 0.2, bound="hoeffding") == pytest.approx(0.8**11, rel=1e-12)
+    assert ucb(0, 11, 0.1, bound="hoeffding") == pytest.approx(0.1888692, abs=1e-7)
+
+
+@pytest.mark.parametrize("bound", BOUNDS)
+def test_extreme_counts_and_levels_are_finite(bound):
+    # Huge n (no quantile routine converges there) and a subnormal delta.
+    big = ucb(10**17, 10**18, 0.1, bound=bound)
+    # The bound sits a few standard errors sqrt(0.09 / 1e18) = 3e-10 above 0.1.
+    assert 0.1 + 3e-10 < big < 0.1 + 7e-10
+    assert risk_p_value(10**17, 10**18, big, bound=bound) <= 0.1
+    # P(Bin(10, b) <= 1) > 5e-324 for every float b < 1: only the vacuous bound.
+    assert ucb(1, 10, 5e-324, bound=bound) == 1.0
+    tiny = ucb(0, 10**18, 1e-300, bound=bound)  # about log(1 / delta) / n
+    assert 6.9e-16 < tiny < 7e-16
 
 
 def test_bentkus_is_clopper_pearson_at_delta_over_e_and_hb_is_the_min():
@@ -63,8 +94,11 @@ def test_bentkus_is_clopper_pearson_at_delta_over_e_and_hb_is_the_min():
         ucb(k, n, 0.1, bound="hoeffding-bentkus"),
         np.minimum(ucb(k, n, 0.1, bound="bentkus"), ucb(k, n, 0.1, bound="hoeffding")),
     )
-    # At k = 0 the binomial tail is far tighter than Hoeffding's sub-Gaussian bound.
-    assert ucb(0, 100, 0.1, bound="bentkus") < ucb(0, 100, 0.1, bound="hoeffding")
+    # At k = 0 the KL bound is Clopper-Pearson's, tighter than Bentkus's delta / e; in
+    # the bulk the binomial tail wins.
+    assert ucb(0, 100, 0.1, bound="hoeffding") == pytest.approx(ucb(0, 100, 0.1), rel=1e-13)
+    assert ucb(0, 100, 0.1, bound="hoeffding") < ucb(0, 100, 0.1, bound="bentkus")
+    assert ucb(20, 100, 0.1, bound="bentkus") < ucb(20, 100, 0.1, bound="hoeffding")
 
 
 def test_broadcasting_and_scalar_results():
@@ -155,19 +189,52 @@ def test_p_values_are_super_uniform_at_the_null_boundary(bound, n):
 
 
 @given(n=st.integers(1, 2000), data=st.data(), beta=st.floats(0.001, 0.999),
-       delta=st.floats(0.001, 0.999))
-def test_p_value_and_ucb_agree(n, data, beta, delta):
+       delta=st.floats(1e-12, 0.999), bound=st.sampled_from(BOUNDS))
+def test_p_value_and_ucb_agree(n, data, beta, delta, bound):
     k = data.draw(st.integers(0, n))
-    for bound in ("clopper-pearson", "bentkus"):
-        p = risk_p_value(k, n, beta, bound=bound)
+    p = risk_p_value(k, n, beta, bound=bound)
+    u = ucb(k, n, delta, bound=bound)
+    if abs(u - beta) > 1e-12:  # rounding noise in the p-value decides exact ties
+        assert (p <= delta) == (u <= beta)
+    # The bound itself is certified, and the next float down is not.
+    if u < 1.0:
+        assert risk_p_value(k, n, u, bound=bound) <= delta
+        assert risk_p_value(k, n, np.nextafter(u, 0.0), bound=bound) > delta
+
+
+def _all_counts(n_max: int) -> tuple[np.ndarray, np.ndarray]:
+    k, n = np.meshgrid(np.arange(n_max + 1), np.arange(n_max + 1), indexing="ij")
+    keep = k <= n
+    return k[keep], n[keep]
+
+
+@pytest.mark.parametrize("bound", BOUNDS)
+def test_bound_and_p_value_are_duals_on_every_count(bound):
+    # Every (k, n) with k <= n <= 400, against levels from coarse to tiny: ucb <= beta
+    # exactly when p <= delta.  A tie within 1e-12 of the boundary may go either way
+    # (scipy's binomial tail is accurate to a few ulps); none occurs on this grid.
+    k, n = _all_counts(400)
+    p = {beta: risk_p_value(k, n, beta, bound=bound) for beta in (0.01, 0.05, 0.2, 0.5, 0.9)}
+    mismatches = 0
+    for delta in (0.5, 0.05, 1e-9):
         u = ucb(k, n, delta, bound=bound)
-        # Exact duality, away from the boundary where rounding decides.
-        if abs(p - delta) > 1e-9 and abs(u - beta) > 1e-9:
-            assert (p <= delta) == (u <= beta)
-    # The KL tail dominates the sqrt form (Pinsker): a Hoeffding UCB below beta
-    # implies a Hoeffding p-value below delta.
-    if ucb(k, n, delta, bound="hoeffding") < beta - 1e-12:
-        assert risk_p_value(k, n, beta, bound="hoeffding") <= delta + 1e-12
+        assert u.min() >= 0 and u.max() <= 1
+        for beta, p_beta in p.items():
+            disagree = (u <= beta) != (p_beta <= delta)
+            assert not (disagree & (np.abs(u - beta) > 1e-12)).any()
+            mismatches += int(disagree.sum())
+    assert mismatches == 0
+
+
+def test_hoeffding_is_never_looser_than_the_sub_gaussian_form():
+    k, n = _all_counts(400)
+    k, n = k[n > 0], n[n > 0]
+    for delta in (0.5, 0.1, 1e-3):
+        kl = ucb(k, n, delta, bound="hoeffding")
+        sub_gaussian = np.minimum(1.0, k / n + np.sqrt(np.log(1 / delta) / (2 * n)))
+        assert (kl <= sub_gaussian + 1e-15).all()
+        # The gain reaches 0.135 near k = 0 at small n (up to 0.135 looser before).
+        assert (sub_gaussian - kl).max() > 0.13
 
 
 # --------------------------------------------------------------------------- bad input
