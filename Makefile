@@ -39,13 +39,8 @@ ifneq ($(TORCH_WHEEL),)
 endif
 	touch $@
 
-# The kernels with masked group loops (advcal/_kernels/masked.py) run where the CPU has
-# masked vector loads; their engine tests run once more with the plain loops that other
-# CPUs take.
 pytest: $(STAMP_DEV) $(STAMP_TORCH)
 	$(BIN)/python -m pytest advcal tests
-	ADVCAL_GROUP_LOOPS=plain $(BIN)/python -m pytest -q tests/test_estimators.py \
-		tests/test_resolution.py
 
 test: lint typecheck pytest
 

@@ -566,10 +566,9 @@ def test_a_bad_or_out_of_bounds_group_in_any_chunk_is_found(where, resolution):
 
 
 def test_kernels_are_cached_on_disk():
-    for name in ("_maxnorm_kernel", "_resolve_kernel", "_maxnorm_plain_kernel",
-                 "_maxnorm_plain_masked_kernel", "_resolve_masked_kernel",
-                 "_maxnorm_binned_kernel", "_maxnorm_binned_masked_kernel"):
-        assert getattr(maxnorm_numba, name)._cache.__class__.__name__ == "FunctionCache"
+    from numba.core.caching import FunctionCache
+
+    assert isinstance(maxnorm_numba._groups_kernel._cache, FunctionCache)
 
 
 # --------------------------------------------------------------------------- garbage
@@ -598,29 +597,20 @@ def test_garbage_input_gives_only_advcal_errors(rewards, offsets, tau, resolutio
 
 
 def _kernel_runs(x, offsets, out):
-    """Every kernel of maxnorm_numba and center_scale's (plain and masked loops), writing
-    into ``out``."""
-    no_scale, no_keep = maxnorm_numba._NO_SCALE, maxnorm_numba._NO_KEEP
-    common = (offsets, no_scale, no_keep, x, 0.01, True, 0.0, False)
-    yield lambda: maxnorm_numba._maxnorm_binned_kernel(*common, 0.0, 1.0, False, 20.0, 20.0,
-                                                       out)
-    yield lambda: maxnorm_numba._maxnorm_binned_masked_kernel(*common, 0.0, 1.0, False, 20.0,
-                                                              20.0, out)
-    yield lambda: maxnorm_numba._maxnorm_kernel(*common, 0.0, 1.0, True, 0.0, 0.0, 0.0, False,
-                                                out)
-    yield lambda: maxnorm_numba._maxnorm_kernel(*common, 0.0, 1.0, True, 0.05, 20.0, 20.0,
-                                                True, out)
-    yield lambda: maxnorm_numba._maxnorm_plain_kernel(*common, -np.inf, np.inf, out)
+    """The kernel of maxnorm_numba (weights and binned rewards, with and without binning)
+    and center_scale's, writing into ``out``."""
+    scale = np.empty(offsets.size - 1)
+    keep = np.empty(offsets.size - 1, dtype=np.bool_)
+    for weights in (True, False):
+        for protocol in ((-np.inf, np.inf, False, 0.0, 0.0), (0.0, 1.0, False, 20.0, 20.0),
+                         (0.0, 1.0, True, 20.0, 20.0)):
+            yield lambda p=protocol, w=weights: maxnorm_numba._groups_kernel(
+                offsets, scale, keep, x, 0.01, True, 0.0, False, *p, False, w, out)
+    yield lambda: maxnorm_numba._groups_kernel(offsets, scale, keep, x, 0.01, True, 0.05,
+                                               False, 0.0, 1.0, True, 20.0, 20.0, True, True,
+                                               out)
     yield lambda: point_numba._center_scale_kernel(offsets, x, GRPO, 1e-6, 1, False, False,
                                                    1.0, np.inf, out)
-    yield lambda: maxnorm_numba._maxnorm_plain_masked_kernel(*common, -np.inf, np.inf, out)
-    yield lambda: point_numba._center_scale_masked_kernel(offsets, x, GRPO, 1e-6, 1, False,
-                                                          1.0, np.inf, out)
-    keep = np.empty(offsets.size - 1, dtype=np.bool_)
-    for kernel in (maxnorm_numba._resolve_kernel, maxnorm_numba._resolve_masked_kernel):
-        args = ((0.0, 1.0, False, 0.05, 20.0, 20.0, False)
-                if kernel is maxnorm_numba._resolve_kernel else (0.0, 1.0, False, 20.0, 20.0))
-        yield lambda kernel=kernel, args=args: kernel(offsets, keep, x, *args, out)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)

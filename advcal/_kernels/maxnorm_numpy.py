@@ -1,7 +1,7 @@
-"""Numpy reference engine for the Reward-Resolution Protocol and MaxNorm-AC (DESIGN §3).
+"""Numpy reference engine for the Reward-Resolution Protocol and MaxNorm-AC.
 
 The test oracle of ``maxnorm_numba``: one plain loop over groups with whole-group numpy
-operations, written to be checked by eye against DESIGN §3 and ``docs/maxnorm.md``.
+operations, written to be checked by eye against ``docs/maxnorm.md``.
 Same functions, signatures and outputs as the numba engine.
 
 Shared arguments (validated by ``advcal.resolution``):
@@ -24,18 +24,12 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _groups(x, offsets, omit_nan):
-    """Yield (q, slice, valid mask, valid raw rewards as float64) for every group."""
-    for q in range(offsets.size - 1):
-        sl = slice(offsets[q], offsets[q + 1])
-        g = x[sl].astype(np.float64)
-        valid = ~np.isnan(g) if omit_nan else np.ones(g.size, dtype=bool)
-        yield q, sl, valid, g[valid]
+from advcal._kernels.oracle_groups import groups
 
 
 def _bin(r, lo, hi, clip, delta, inv_delta, kmax):
-    """Clip (optionally) and bin float64 rewards (DESIGN §3)."""
+    """Clip (optionally) and bin float64 rewards; the bin index stays a float (exact for any
+    finite ``(hi - lo) * inv_delta``)."""
     if clip:
         r = np.clip(r, lo, hi)
     if delta == 0.0:
@@ -69,7 +63,7 @@ def resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan):
     rmin = np.full(n_groups, np.inf)
     rmax = np.full(n_groups, -np.inf)
     flag = np.zeros(n_groups)
-    for q, sl, valid, r in _groups(x, offsets, omit_nan):
+    for q, sl, valid, r in groups(x, offsets, omit_nan):
         rmin[q], rmax[q] = _extremes(r)
         flag[q] = _flag(r)
         b = _bin(r, lo, hi, clip, delta, inv_delta, kmax)
@@ -91,7 +85,7 @@ def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta
     keep = np.zeros(n_groups, dtype=np.bool_)
     rmin = np.full(n_groups, np.inf)
     rmax = np.full(n_groups, -np.inf)
-    for q, sl, valid, r in _groups(x, offsets, omit_nan):
+    for q, sl, valid, r in groups(x, offsets, omit_nan):
         n = r.size
         rmin[q], rmax[q] = _extremes(r)
         if not np.isfinite(r).all():

@@ -1,4 +1,4 @@
-"""Shared constants of the numba kernels (``pool.compile_serial`` compiles them)."""
+"""Constants shared by the engines and their wrappers (mode codes, fast-math flags)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,3 @@ FIXED = 3  # u / divisor, one divisor for the whole batch (batch_std, gpg)
 # NaN and inf semantics: the wrappers detect bad rewards by the NaN/inf they leave.
 FASTMATH = frozenset({"reassoc", "nsz", "arcp", "contract"})
 
-# Kernels whose group loops are the masked intrinsics (``masked``) need no flag to
-# vectorize and take none: with "reassoc", LLVM reassociated the intrinsics' sums
-# differently in two compiled copies of one kernel (numba compiles one per argument types,
-# e.g. read-only offsets), and dense and ragged calls differed in the last bit.
-EXACT = frozenset[str]()

@@ -1,7 +1,7 @@
 """Numpy reference engine for the point estimators: the test oracle of ``point_numba``.
 
 One plain loop over groups with whole-group numpy operations, written to be checked by
-eye against DESIGN §2.  Same functions, signatures and outputs as the numba engine.
+eye against ``docs/estimators.md``.  Same functions, signatures and outputs as the numba engine.
 """
 
 from __future__ import annotations
@@ -9,19 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from advcal._kernels.modes import FIXED, GRPO, RLOO
+from advcal._kernels.oracle_groups import groups
 
 # Non-finite rewards propagate to NaN on purpose (the wrapper raises a clear error from
 # the flag), so numpy's floating-point warnings would only be noise.
 _quiet = np.errstate(all="ignore")
-
-
-def _groups(x, offsets, omit_nan):
-    """Yield (q, slice, valid mask, valid rewards as float64) for every group."""
-    for q in range(offsets.size - 1):
-        sl = slice(offsets[q], offsets[q + 1])
-        g = x[sl].astype(np.float64)
-        valid = ~np.isnan(g) if omit_nan else np.ones(g.size, dtype=bool)
-        yield q, sl, valid, g[valid]
 
 
 def _flag(r):
@@ -43,7 +35,7 @@ def _outputs(x, offsets):
 @_quiet
 def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit):
     out, amax = _outputs(x, offsets)
-    for q, sl, valid, r in _groups(x, offsets, omit_nan):
+    for q, sl, valid, r in groups(x, offsets, omit_nan):
         n = r.size
         if n == 0 or (n == 1 and not raw_singletons):
             amax[q] = _flag(r)
@@ -73,7 +65,7 @@ def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
 @_quiet
 def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
     out, amax = _outputs(x, offsets)
-    for q, sl, valid, r in _groups(x, offsets, omit_nan):
+    for q, sl, valid, r in groups(x, offsets, omit_nan):
         n = r.size
         if n == 0 or (n == 1 and not raw_singletons):
             amax[q] = _flag(r)
@@ -92,7 +84,7 @@ def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
 @_quiet
 def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit):
     out, amax = _outputs(x, offsets)
-    for q, sl, valid, r in _groups(x, offsets, omit_nan):
+    for q, sl, valid, r in groups(x, offsets, omit_nan):
         n = r.size
         if not np.isfinite(r).all():
             amax[q] = np.nan
@@ -119,7 +111,7 @@ def group_moments(x, offsets, omit_nan):
     count = np.zeros(n_groups, dtype=np.int64)
     mean = np.zeros(n_groups)
     ss = np.zeros(n_groups)
-    for q, _, _, r in _groups(x, offsets, omit_nan):
+    for q, _, _, r in groups(x, offsets, omit_nan):
         if r.size:
             count[q] = r.size
             mean[q] = r[0] + (r - r[0]).mean()
