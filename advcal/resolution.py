@@ -70,10 +70,14 @@ class MaxNormResult(NamedTuple):
     scale : ndarray of float64, shape (B,)
         Per group ``s_q = max(max_i |u_i|, tau_res)`` (``tau_res`` for groups that get
         no advantage: zero-gap, empty, one-response groups).
+    keep : ndarray of bool, shape (B,)
+        Per group: False for zero-gap groups (all binned rewards equal) and groups with
+        fewer than two (valid) responses, as :func:`resolve_rewards` marks them.
     """
 
     advantages: np.ndarray
     scale: np.ndarray
+    keep: np.ndarray
 
 
 class _Protocol(NamedTuple):
@@ -363,7 +367,8 @@ def maxnorm(
         Centered values with ``|u_i| < dead_zone`` are set to 0 (reward units, the
         same units as ``u``).
     return_scale : bool, default False
-        Also return the per-group scale ``s_q`` (a :class:`MaxNormResult`).
+        Also return the per-group scale ``s_q`` and zero-gap mask ``keep`` (a
+        :class:`MaxNormResult`; the kernel computes both in the same pass).
     bounds : (float, float), optional
         Reward bounds ``lo < hi``; rewards outside are an error unless ``clip=True``.
         Default: ``(0.0, 1.0)`` when ``resolution`` is given, otherwise no bounds (the
@@ -383,7 +388,7 @@ def maxnorm(
     -------
     ndarray or MaxNormResult
         The weights in the caller's layout, order and float dtype (computed in
-        float64); with ``return_scale=True`` a named pair ``(advantages, scale)``.
+        float64); with ``return_scale=True`` a named tuple ``(advantages, scale, keep)``.
 
     Raises
     ------
@@ -408,7 +413,7 @@ def maxnorm(
     array([[0., 0., 0., 0.]])
     >>> maxnorm([0.0, 0.5, 1.0], offsets=[0, 3], tau_res=0.01, baseline="mean",
     ...         return_scale=True)
-    MaxNormResult(advantages=array([-1.,  0.,  1.]), scale=array([0.5]))
+    MaxNormResult(advantages=array([-1.,  0.,  1.]), scale=array([0.5]), keep=array([ True]))
     """
     return_scale = _check_bool(return_scale, "return_scale")
     result = _maxnorm_groups(
@@ -418,7 +423,7 @@ def maxnorm(
     )
     weights = result.batch.restore(result.flat)
     if return_scale:
-        return MaxNormResult(weights, result.scale)
+        return MaxNormResult(weights, result.scale, result.keep)
     return weights
 
 

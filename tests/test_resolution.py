@@ -179,6 +179,45 @@ def test_resolve_bins_never_leave_the_bounds(backend):
     np.testing.assert_allclose(res.rewards, [[1.0, -1.0, 1.8]], rtol=1e-15)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_binning_beyond_int64_bin_indices(backend, dtype):
+    # (hi - lo) / resolution = 1e20 > 2**63: bin indices beyond int64 stay exact floats.
+    # 0.3 * 1e20 is an integer-valued double, so each reward is its own bin (to the ulp).
+    r = np.array([[0.3, 0.7, 0.3], [0.5, 0.5, 0.5]], dtype=dtype)
+    res = resolve_rewards(r, resolution=1e-20, backend=backend)
+    expected = [np.float64(v) * 1e20 / 1e20 for v in r.ravel().astype(np.float64)]
+    np.testing.assert_allclose(res.rewards.ravel(), expected, rtol=4 * np.finfo(dtype).eps)
+    np.testing.assert_array_equal(res.keep, [True, False])
+    out = maxnorm(r, tau_res=0.01, resolution=1e-20, baseline="mean", return_scale=True,
+                  backend=backend)
+    np.testing.assert_allclose(out.advantages, [[-0.5, 1.0, -0.5], [0.0, 0.0, 0.0]],
+                               atol=1e-6 if dtype == np.float32 else 1e-14)
+    np.testing.assert_array_equal(out.keep, [True, False])
+
+
+@pytest.mark.parametrize("resolution", [None, 0.01])
+def test_subnormal_floor_gives_zeros_to_a_zero_gap_group(backend, resolution):
+    for dtype in FLOAT_DTYPES:
+        out = maxnorm(np.full((1, 4), 0.7, dtype=dtype), tau_res=1e-310, resolution=resolution,
+                      return_scale=True, backend=backend)
+        np.testing.assert_array_equal(out.advantages, np.zeros((1, 4)))
+        np.testing.assert_array_equal(out.scale, [1e-310])
+        np.testing.assert_array_equal(out.keep, [False])
+    # a tiny but nonzero gap over a subnormal floor: weights +-1, not inf/NaN
+    w = maxnorm([[0.0, 1e-300]], tau_res=1e-310, baseline="mean", backend=backend)
+    np.testing.assert_array_equal(w, [[-1.0, 1.0]])
+
+
+def test_maxnorm_keep_is_the_zero_gap_mask_of_resolve_rewards(backend):
+    r = [0.3, 0.3, 0.31, 0.7, 0.7004, 0.5, 0.2, 0.2, 0.9]
+    offsets = [0, 3, 5, 6, 6, 9]
+    res = maxnorm(r, offsets, tau_res=0.01, resolution=0.01, return_scale=True,
+                  backend=backend)
+    np.testing.assert_array_equal(res.keep, [True, False, False, False, True])
+    np.testing.assert_array_equal(
+        res.keep, resolve_rewards(r, offsets, resolution=0.01, backend=backend).keep)
+
+
 def test_resolution_none_checks_bounds_and_marks_zero_gap(backend):
     res = resolve_rewards([[0.3, 0.3], [0.3, 0.30001], [0.5, 0.5]], resolution=None,
                           backend=backend)
