@@ -51,12 +51,32 @@ $(STAMP_DOCS): requirements-docs.txt | $(STAMP_RUN)
 	$(BIN)/pip install -q -r requirements-docs.txt
 	touch $@
 
+# The site serves MathJax itself, so math renders without a network: the npm package's
+# browser build, copied into site/ by the hook (notebooks/mkdocs_hook.py).
+MATHJAX_VERSION := 3.2.2
+NPM_DIR := $(VENV)/docs-npm
+STAMP_MATHJAX := $(NPM_DIR)/.installed-mathjax-$(MATHJAX_VERSION)
+$(STAMP_MATHJAX): | $(BIN)/python
+	@command -v npm >/dev/null || { echo "make docs needs npm (Node.js) to install MathJax"; exit 1; }
+	npm install --prefix $(NPM_DIR) --no-save --no-audit --no-fund --loglevel=error \
+		mathjax@$(MATHJAX_VERSION)
+	touch $@
+
 # The documentation site, built strictly (any warning fails) into site/; the notebooks are
-# executed for their figures at ADVCAL_NOTEBOOK_SIZE (reduced unless set).
+# executed for their figures at ADVCAL_NOTEBOOK_SIZE (reduced unless set). Then headless
+# Chromium loads every page with math from 127.0.0.1, every other host unreachable, and
+# checks that the math is typeset (tests/test_site_math.py). CI installs Debian's chromium;
+# elsewhere the check is skipped when no browser is installed.
 ADVCAL_NOTEBOOK_SIZE ?= reduced
-docs: $(STAMP_DOCS)
+docs: $(STAMP_DOCS) $(STAMP_MATHJAX)
 	ADVCAL_NOTEBOOK_SIZE=$(ADVCAL_NOTEBOOK_SIZE) MPLBACKEND=module://matplotlib_inline.backend_inline \
+		ADVCAL_MATHJAX=$(NPM_DIR)/node_modules/mathjax/es5 \
 		NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+ifneq ($(CI),)
+	command -v chromium >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+endif
+	ADVCAL_SITE_DIR=site $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_site_math.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,71 +1,72 @@
-"""The coverage notebooks: committed without outputs, in sync with their generator, and each
-executed top to bottom at reduced size (each ends with an assertion of its property)."""
+"""The coverage notebooks: jupytext percent-format scripts in ``notebooks/`` (the source of
+truth; no ``.ipynb`` is committed), each published on the docs site and executed top to bottom
+at reduced size (each ends with an assertion of its property)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("nbclient") is None or importlib.util.find_spec("nbformat") is None:
+_NEEDED = ("nbclient", "nbformat", "jupytext")
+if any(importlib.util.find_spec(name) is None for name in _NEEDED):
     if os.environ.get("CI"):  # CI must execute the notebooks, never skip them silently
-        raise ImportError("tests/test_notebooks.py needs nbclient, nbformat, ipykernel and "
-                          "matplotlib (the dev extra).")
-    pytest.skip("nbclient/nbformat not installed", allow_module_level=True)
+        raise ImportError("tests/test_notebooks.py needs nbclient, nbformat, jupytext, "
+                          "ipykernel and matplotlib (the dev extra).")
+    pytest.skip("nbclient/nbformat/jupytext not installed", allow_module_level=True)
 
+import jupytext  # noqa: E402
 import nbformat  # noqa: E402
 from nbclient import NotebookClient  # noqa: E402
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
-NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = ROOT / "notebooks"
+# Notebooks are named NN-title.py; other .py files there (the mkdocs hook) are not notebooks.
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]-*.py"))
 IDS = [path.stem for path in NOTEBOOKS]
 
 
-def _generator():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("make_notebooks",
-                                                  NOTEBOOK_DIR / "make_notebooks.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_every_generated_notebook_is_committed_and_current() -> None:
-    generator = _generator()
-    assert sorted(generator.NOTEBOOKS) == [path.name for path in NOTEBOOKS]
-    for path in NOTEBOOKS:
-        expected = generator.render(generator.NOTEBOOKS[path.name])
-        assert path.read_text(encoding="utf-8") == expected, (
-            f"{path.name} differs from notebooks/make_notebooks.py; regenerate it with "
-            "`.venv/bin/python notebooks/make_notebooks.py`."
-        )
+def test_notebooks_found() -> None:
+    assert len(NOTEBOOKS) >= 4, NOTEBOOKS
+    assert not list(NOTEBOOK_DIR.glob("*.ipynb")), (
+        "notebooks/*.py are the source; generate an .ipynb with `jupytext --to ipynb` "
+        "and do not commit it")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_committed_without_outputs(path: Path) -> None:
-    nb = nbformat.read(path, as_version=4)
+def test_percent_format_and_valid(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert "format_name: percent" in text and "\n# %%" in text, path.name
+    nb = jupytext.read(path)
     nbformat.validate(nb)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            assert cell.outputs == [] and cell.execution_count is None, path.name
+    assert nb.metadata["kernelspec"]["name"] == "python3", path.name
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), path.name
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_ends_with_an_assertion(path: Path) -> None:
-    nb = nbformat.read(path, as_version=4)
+    nb = jupytext.read(path)
     last_code = [cell for cell in nb.cells if cell.cell_type == "code"][-1]
     assert "assert " in last_code.source, path.name
     assert "ADVCAL_NOTEBOOK_SIZE" in nb.cells[1].source, path.name
 
 
+def test_every_notebook_is_in_the_site_nav() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    listed = set(re.findall(r"notebooks/([0-9][0-9]-[\w.-]+\.py)\s*$", nav, flags=re.MULTILINE))
+    assert listed == {path.name for path in NOTEBOOKS}
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_runs_at_reduced_size(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The kernel inherits this process's environment: reduced size, no GUI backend.
+    # The kernel inherits this process's environment: reduced size.
     monkeypatch.setenv("ADVCAL_NOTEBOOK_SIZE", "reduced")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    nb = nbformat.read(path, as_version=4)
+    # The inline backend, as on the docs site, so that the figures are outputs to count.
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    nb = jupytext.read(path)
     client = NotebookClient(nb, timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
     client.execute()  # raises CellExecutionError, with the failing cell, on any error
@@ -75,3 +76,6 @@ def test_runs_at_reduced_size(path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         for output in cell.outputs if output.get("output_type") == "stream"
     )
     assert "size: reduced" in streams
+    figures = sum("image/png" in output.get("data", {})
+                  for cell in nb.cells if cell.cell_type == "code" for output in cell.outputs)
+    assert figures >= 1, f"{path.name} drew no figure"

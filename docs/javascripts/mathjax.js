@@ -1,20 +1,33 @@
-// MathJax configuration for pymdownx.arithmatex (generic mode): $...$ and $$...$$.
+// MathJax 3, served by this site (javascripts/mathjax/, copied from the npm package at build
+// time), so math renders without a network. Two sources of math, and nothing else is read:
+// - Markdown pages: pymdownx.arithmatex (generic mode) wraps math in .arithmatex elements
+//   with \(...\) and \[...\] delimiters;
+// - notebook pages (mkdocs-jupyter): markdown cells (.jp-RenderedMarkdown) keep $...$ and
+//   $$...$$. Code and outputs are skipped (MathJax never reads <pre> or <code>).
+const MATH_CONTAINERS = [".arithmatex", ".jp-RenderedMarkdown"];
+
 window.MathJax = {
   tex: {
-    inlineMath: [["\\(", "\\)"]],
-    displayMath: [["\\[", "\\]"]],
+    inlineMath: [["\\(", "\\)"], ["$", "$"]],
+    displayMath: [["\\[", "\\]"], ["$$", "$$"]],
     processEscapes: true,
     processEnvironments: true,
   },
-  options: {
-    ignoreHtmlClass: ".*|",
-    processHtmlClass: "arithmatex",
+  startup: {
+    elements: MATH_CONTAINERS,
   },
 };
 
+// Material's instant navigation swaps the page content without a reload: typeset it again.
+// The first page is typeset by MathJax's own start-up.
 document$.subscribe(() => {
-  MathJax.startup.output.clearCache();
-  MathJax.typesetClear();
-  MathJax.texReset();
-  MathJax.typesetPromise();
+  if (!window.MathJax.startup || !window.MathJax.startup.promise) {
+    return;
+  }
+  MathJax.startup.promise.then(() => {
+    MathJax.startup.output.clearCache();
+    MathJax.typesetClear();
+    MathJax.texReset();
+    return MathJax.typesetPromise(document.querySelectorAll(MATH_CONTAINERS.join(", ")));
+  });
 });
