@@ -19,8 +19,6 @@ from advcal.diagnostics import (
     scale_diagnostics,
 )
 from advcal.estimators import (
-    ESTIMATORS,
-    advantages,
     batch_std,
     dr_grpo,
     gpg,
@@ -34,6 +32,7 @@ from advcal.layouts import GroupIndex, groups_from_ids, offsets_from_sizes
 from advcal.ranges import range_advantages
 from advcal.recovery import Recovery, recover
 from advcal.resolution import MaxNormResult, ResolvedRewards, maxnorm, resolve_rewards
+from advcal.registry import ESTIMATORS, advantages
 from advcal.risk import ThresholdSelection, select_threshold, setgrpo
 from advcal.sets import (
     CoefficientSets,

@@ -25,18 +25,21 @@ import numpy as np
 
 from advcal.conformal import calibrate_ranges, conformal_rank
 from advcal.diagnostics import DIAGNOSED_METHODS, ScaleDiagnostics, scale_diagnostics
-from advcal.estimators import ESTIMATORS, grpo
+from advcal.estimators import grpo
 from advcal.recovery import Recovery
+from advcal.registry import ESTIMATORS, REGISTRY
 from advcal.risk import ThresholdSelection, select_threshold, setgrpo
 from advcal.sets import SetCalibration, calibrate_sets, coefficient_sets
 from advcal.simulate import PairedScorings, gram_matrices, paired_scorings
 
-# The demo's estimators: those of ESTIMATORS that take point rewards (others, such as
-# interval estimators, need inputs the built-in batch does not have).
-_DEMO_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp_baseline", "opo",
-                    "gpg", "passk", "maxnorm")
 # MaxNorm's scale floor in the demo.
 _DEMO_TAU_RES = 0.01
+# The required estimator keywords the demo batch can supply (the lengths come with it).
+_DEMO_NEEDS = frozenset({"lengths", "tau_res"})
+# The demo's estimators: the registered ones of point rewards whose required keywords the
+# demo can supply (others, such as interval estimators, need inputs it does not have).
+_DEMO_ESTIMATORS = tuple(name for name, entry in REGISTRY.items()
+                         if not entry.ranges and _DEMO_NEEDS.issuperset(entry.needs))
 
 
 class _DemoSizes(NamedTuple):
@@ -139,11 +142,8 @@ def _format_row(label: str, values: Sequence[float], width: int = 8) -> str:
 
 
 def _demo_extra(name: str, lengths: np.ndarray) -> dict[str, Any]:
-    if name == "opo":
-        return {"lengths": lengths}
-    if name == "maxnorm":
-        return {"tau_res": _DEMO_TAU_RES}
-    return {}
+    supplied = {"lengths": lengths, "tau_res": _DEMO_TAU_RES}
+    return {key: supplied[key] for key in REGISTRY[name].needs}
 
 
 def demo_diagnostics(seed: int = 0) -> ScaleDiagnostics:

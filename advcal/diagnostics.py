@@ -1,4 +1,4 @@
-"""Scale diagnostics of group-relative advantages (DESIGN §3, ``docs/maxnorm.md``).
+"""Scale diagnostics of group-relative advantages (``docs/maxnorm.md``).
 
 The within-group denominator s_q of an estimator sets three things at once: the strength
 of the reward branch, the weight 1/s_q of prompt q in the batch, and the effective KL
@@ -9,7 +9,7 @@ measures all three on a batch of rewards for several estimators side by side;
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,14 +17,13 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from advcal._validation import BACKENDS, Batch, as_batch, as_float_array, check_choice, check_real
-from advcal.estimators import dr_grpo, grpo, rloo
-from advcal.resolution import _maxnorm_groups
+from advcal.registry import REGISTRY, DiagnosticSettings, Scaled
 
 __all__ = ["DIAGNOSED_METHODS", "MethodDiagnostics", "ScaleDiagnostics", "direction_cosine",
            "scale_diagnostics"]
 
-#: Estimators whose per-group scale s_q the diagnostics know.
-DIAGNOSED_METHODS = ("grpo", "dr_grpo", "rloo", "maxnorm")
+#: Estimators whose per-group scale s_q the diagnostics know: every registered one.
+DIAGNOSED_METHODS = tuple(REGISTRY)
 
 
 def direction_cosine(w_a: ArrayLike, w_b: ArrayLike) -> float:
@@ -167,13 +166,14 @@ class ScaleDiagnostics:
     def table(self) -> str:
         """The diagnostics as a fixed-width text table, one row per method."""
         with_cosine = any(d.direction_cosine is not None for d in self.methods.values())
-        header = (f"{'method':<9}{'1/s P50':>10}{'1/s P95':>10}{'1/s P99':>10}{'1/s max':>10}"
+        width = max(9, *(len(name) + 1 for name in self.methods))
+        header = (f"{'method':<{width}}{'1/s P50':>10}{'1/s P95':>10}{'1/s P99':>10}{'1/s max':>10}"
                   f"{'zero-gap':>10}{'beta_eff min':>14}{'beta_eff max':>14}{'R/KL':>9}"
                   f"{'max|w|':>9}" + (f"{'cosine':>9}" if with_cosine else ""))
         lines = [header]
         for d in self.methods.values():
             lines.append(
-                f"{d.method:<9}{_fmt(d.inverse_scale_p50, 10)}{_fmt(d.inverse_scale_p95, 10)}"
+                f"{d.method:<{width}}{_fmt(d.inverse_scale_p50, 10)}{_fmt(d.inverse_scale_p95, 10)}"
                 f"{_fmt(d.inverse_scale_p99, 10)}{_fmt(d.inverse_scale_max, 10)}"
                 f"{_fmt(d.zero_gap_fraction, 10)}{_fmt(d.beta_eff_min, 14)}"
                 f"{_fmt(d.beta_eff_max, 14)}{_fmt(d.reward_kl_ratio, 9)}"
@@ -197,25 +197,9 @@ class _Groups:
 
     def __init__(self, batch: Batch) -> None:
         self.batch = batch
-        sizes = batch.sizes
-        self.sizes = sizes
-        self.codes = np.repeat(np.arange(sizes.size), sizes)
-        values = batch.values.astype(np.float64)
-        starts = batch.offsets[:-1][sizes > 0]
-        shift = np.zeros(sizes.size)
-        shift[sizes > 0] = values[starts]
-        # Deviations from a member of the group: a constant group has exactly 0 spread.
-        d = values - shift[self.codes]
-        mean = np.bincount(self.codes, d, sizes.size) / np.maximum(sizes, 1)
-        ss = np.bincount(self.codes, (d - mean[self.codes]) ** 2, sizes.size)
-        self.sigma = np.sqrt(ss / np.maximum(sizes - 1, 1))
-        low = np.zeros(sizes.size)
-        high = np.zeros(sizes.size)
-        if starts.size:
-            low[sizes > 0] = np.minimum.reduceat(values, starts)
-            high[sizes > 0] = np.maximum.reduceat(values, starts)
-        self.scorable = sizes >= 2
-        self.gap = high != low
+        self.sizes = batch.sizes
+        self.codes = np.repeat(np.arange(self.sizes.size), self.sizes)
+        self.scorable = self.sizes >= 2
 
     def mean_abs(self, weights: np.ndarray) -> np.ndarray:
         """Per group mean_i |w_i| (0 for empty groups)."""
@@ -223,29 +207,44 @@ class _Groups:
         return total / np.maximum(self.sizes, 1)
 
 
-def _method_weights(method: str, groups: _Groups, values: np.ndarray, tau_res: float,
-                    eps: float, resolution: float | None, backend: str
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(weights in grouped order, per-group scale s_q, per-group gap) of one method."""
-    offsets = groups.batch.offsets
-    if method == "maxnorm":
-        result = _maxnorm_groups(values, offsets, tau_res=tau_res, resolution=resolution,
-                                backend=backend)
-        return result.flat, result.scale, result.keep
-    if method == "grpo":
-        weights = grpo(values, offsets, eps=eps, backend=backend)
-        scale = groups.sigma + eps
-        # With eps = 0 a gap below sqrt(tiny) squares to a zero std: grpo skips the group.
-        return weights, scale, groups.gap & (scale > 0.0)
-    estimator = dr_grpo if method == "dr_grpo" else rloo
-    return estimator(values, offsets, backend=backend), np.ones(groups.sizes.size), groups.gap
+def _method_weights(method: str, groups: _Groups, values: np.ndarray,
+                    settings: DiagnosticSettings, options: dict[str, Any]) -> Scaled:
+    """Weights (grouped order), per-group scale s_q and informative groups of one method."""
+    return REGISTRY[method].scale(values, groups.batch.offsets, settings, dict(options))
+
+
+def _method_options(batch: Batch, options: Any, methods: tuple[str, ...]
+                    ) -> dict[str, dict[str, Any]]:
+    """Per-method keywords, per-response ones brought into grouped order."""
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise TypeError("`options` must be a mapping of method name to keyword options; "
+                        f"got {type(options).__name__}.")
+    out: dict[str, dict[str, Any]] = {method: {} for method in methods}
+    for method, keywords in options.items():
+        if method not in out:
+            raise ValueError(f"`options` has keywords for {method!r}, which is not one of "
+                             f"`methods` {methods!r}.")
+        if not isinstance(keywords, Mapping):
+            raise TypeError(f"`options[{method!r}]` must be a mapping of keywords; "
+                            f"got {type(keywords).__name__}.")
+        entry = REGISTRY[method]
+        for key, value in keywords.items():
+            if key in ("group_ids", "backend"):
+                raise ValueError(f"`options[{method!r}]` must not set {key!r} (pass it to "
+                                 "scale_diagnostics itself).")
+            out[method][key] = (batch.gather(value, f"options[{method!r}][{key!r}]")
+                                if key in entry.per_response else value)
+    return out
 
 
 def _scale_diagnostics_iv(
     rewards: ArrayLike, offsets: ArrayLike | None, group_ids: ArrayLike | None,
     methods: Any, beta: Any, tau_res: Any, eps: Any, resolution: Any, reference: Any,
-    backend: Any,
-) -> tuple[Batch, tuple[str, ...], float, float, float, np.ndarray | None]:
+    options: Any, backend: Any,
+) -> tuple[Batch, tuple[str, ...], float, DiagnosticSettings, dict[str, dict[str, Any]],
+           np.ndarray | None]:
     if isinstance(methods, str):
         methods = (methods,)
     try:
@@ -277,7 +276,8 @@ def _scale_diagnostics_iv(
     if not (batch.sizes >= 2).any():
         raise ValueError("`rewards` hold no group with two or more responses; the scale "
                          "diagnostics need at least one.")
-    return batch, methods, beta, tau, eps, second
+    settings = DiagnosticSettings(eps, tau, resolution, backend)
+    return batch, methods, beta, settings, _method_options(batch, options, methods), second
 
 
 def scale_diagnostics(
@@ -291,20 +291,27 @@ def scale_diagnostics(
     eps: float = 1e-6,
     resolution: float | None = None,
     reference: ArrayLike | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
     backend: str = "numba",
 ) -> ScaleDiagnostics:
-    """Per-estimator scale diagnostics of a batch of rewards (DESIGN §3).
+    """Per-estimator scale diagnostics of a batch of rewards.
 
-    For each method, with w the method's advantages (weights) and s_q its scale:
+    Every registered estimator (:data:`advcal.ESTIMATORS`) gives group q the weights
+    w_i = u_i / s_q, with u its baseline-corrected rewards in reward units and s_q its
+    per-group scale, as :mod:`advcal.registry` defines them.  For instance GRPO
+    ``s_q = sigma_q + eps`` (sample std, ddof 1); Dr.GRPO, RLOO (u: each reward minus the
+    mean of the others), OPO and Range-GRPO 1; batch_std ``std_batch + eps``; GPG
+    ``f_norm * k / N``; MaxNorm ``max(max_i |u_i|, tau_res)`` (RLOO baseline).  For each
+    method:
 
-    * **inverse scale** 1/s_q per group, the prompt's weight in the batch:
-      GRPO ``1 / (sigma_q + eps)`` (sample std, ddof 1); Dr.GRPO and RLOO 1;
-      MaxNorm ``1 / max(max_i |u_i|, tau_res)`` (RLOO baseline), at most 1/tau_res.
-      Reported: P50, P95, P99 (``numpy.percentile``, linear interpolation) and max.
+    * **inverse scale** 1/s_q per group, the prompt's weight in the batch (MaxNorm's is
+      at most 1/tau_res).  Reported: P50, P95, P99 (``numpy.percentile``, linear
+      interpolation) and max.
     * **zero-gap fraction**: among groups with two or more responses, the fraction the
       method skips (all rewards equal; for MaxNorm with ``resolution``, all binned
-      rewards equal; for GRPO with ``eps=0`` also a gap so small that its standard
-      deviation underflows to 0).  Every method here gives such groups exactly 0.
+      rewards equal; for estimators that divide by ``std + eps`` with ``eps=0`` also a
+      gap so small that its standard deviation underflows to 0; for pass@k a tie for
+      the best reward).
     * **beta_eff range**: min and max of beta_eff,q = beta * s_q.
     * **R/KL**: the reward-to-KL ratio on the cardinal reward scale,
       R/KL_q = mean_i |u_i| / beta_eff,q = mean_i |w_i| / beta, averaged over groups.
@@ -325,20 +332,27 @@ def scale_diagnostics(
         CSR group boundaries for 1-D ``rewards``.
     group_ids : sequence of hashable, length N, optional
         Per-response group labels for 1-D ``rewards``, any order.
-    methods : sequence of {"grpo", "dr_grpo", "rloo", "maxnorm"}
-        The estimators to diagnose, in table order.
+    methods : sequence of str
+        Keys of :data:`advcal.ESTIMATORS` to diagnose, in table order.
     beta : float, default 0.04
         The KL coefficient ``beta > 0``.
     tau_res : float, default 0.01
         MaxNorm's scale floor.
     eps : float, default 1e-6
-        GRPO's ``eps`` (verl's default).
+        The ``eps`` of the estimators that divide by ``std + eps``: grpo, batch_std,
+        passk (verl's default).
     resolution : float, optional
         Let MaxNorm bin the rewards first (bounds (0, 1)), as the Reward-Resolution
         Protocol does; the other methods see the raw rewards.
     reference : array_like, optional
         A second scoring of the same responses (same shape and order as ``rewards``),
         e.g. clean rewards or another grader; adds the direction cosine.
+    options : mapping of str to mapping, optional
+        Further keywords per method, e.g. ``{"opo": {"lengths": lengths}}`` or
+        ``{"gpg": {"f_norm": 2.0}}``; per-response ones in the layout of ``rewards``.
+        Without them each estimator takes its defaults; OPO without ``lengths`` counts
+        every response once (baseline: the group mean), Range-GRPO takes each reward as
+        the point range [r, r] unless given ``lo`` and ``hi``.
     backend : {"numba", "numpy"}, default "numba"
         Engine of the estimators.
 
@@ -368,15 +382,15 @@ def scale_diagnostics(
     >>> diag["rloo"].zero_gap_fraction
     0.3333333333333333
     """
-    batch, methods, beta, tau, eps, second = _scale_diagnostics_iv(
+    batch, methods, beta, settings, method_options, second = _scale_diagnostics_iv(
         rewards, offsets, group_ids, methods, beta, tau_res, eps, resolution, reference,
-        backend,
+        options, backend,
     )
     groups = _Groups(batch)
     out = {}
     for method in methods:
-        weights, scale, gap = _method_weights(method, groups, batch.values, tau, eps,
-                                              resolution, backend)
+        weights, scale, gap = _method_weights(method, groups, batch.values, settings,
+                                              method_options[method])
         informative = groups.scorable & gap
         inverse = 1.0 / scale[informative]
         beta_eff = beta * scale[informative]
@@ -389,7 +403,8 @@ def scale_diagnostics(
             stats = (np.nan,) * 7
         cosine = None
         if second is not None:
-            other = _method_weights(method, groups, second, tau, eps, resolution, backend)[0]
+            other = _method_weights(method, groups, second, settings,
+                                    method_options[method]).weights
             try:
                 cosine = direction_cosine(weights, other)
             except ValueError:  # a zero weight vector: no direction to compare
@@ -409,5 +424,5 @@ def scale_diagnostics(
             direction_cosine=cosine,
             n_informative=int(inverse.size),
         )
-    return ScaleDiagnostics(out, beta, tau, eps, resolution, int(np.sum(groups.scorable)),
-                            int(batch.values.size))
+    return ScaleDiagnostics(out, beta, settings.tau_res, settings.eps, resolution,
+                            int(np.sum(groups.scorable)), int(batch.values.size))

@@ -1,4 +1,4 @@
-"""Point estimators: groups of scalar rewards in, advantages out (DESIGN §2).
+"""Point estimators: groups of scalar rewards in, advantages out.
 
 Every estimator takes ``(rewards, offsets=None, *, group_ids=None, ...)``: 2-D rewards
 are groups by row; 1-D rewards need exactly one of ``offsets`` (CSR) or ``group_ids``
@@ -18,7 +18,6 @@ Shared keywords:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -30,7 +29,6 @@ from advcal._kernels.modes import DR, FIXED, GRPO, RLOO
 from advcal._validation import (
     Batch,
     as_policy_batch,
-    check_choice,
     check_int,
     check_real,
     raise_bad_values,
@@ -45,8 +43,6 @@ __all__ = [
     "opo",
     "gpg",
     "passk",
-    "advantages",
-    "ESTIMATORS",
 ]
 
 
@@ -335,16 +331,27 @@ def reinforce_pp_baseline(
     u = centered.astype(np.float64)
     if call.omit:
         weights = np.where(np.isnan(values), 0.0, weights)
-    total = weights.sum()
+    mean, scale = _whitening(u, weights, eps)
     out = np.zeros(values.shape)
-    if total > 0:
-        mean = np.sum(weights * u) / total
-        var = np.sum(weights * (u - mean) ** 2) / total
-        if total > 1:
-            var *= total / (total - 1)
-        if var + eps > 0:
-            out = np.where(weights > 0, (u - mean) / np.sqrt(var + eps), 0.0)
+    if scale > 0:
+        out = np.where(weights > 0, (u - mean) / scale, 0.0)
     return out.astype(centered.dtype, copy=False)
+
+
+def _whitening(u: np.ndarray, weights: np.ndarray, eps: float) -> tuple[float, float]:
+    """``(m, sqrt(v + eps))`` of :func:`reinforce_pp_baseline`: the weighted mean of ``u`` and
+    the root of its Bessel-corrected weighted variance plus eps; ``(0, 0)`` when there is
+    nothing to whiten (no weight, or zero spread with ``eps=0``)."""
+    total = weights.sum()
+    if not total > 0:
+        return 0.0, 0.0
+    mean = np.sum(weights * u) / total
+    var = np.sum(weights * (u - mean) ** 2) / total
+    if total > 1:
+        var *= total / (total - 1)
+    if not var + eps > 0:
+        return 0.0, 0.0
+    return float(mean), float(np.sqrt(var + eps))
 
 
 def opo(
@@ -467,48 +474,3 @@ def passk(
     return _finish(call, call.engine.passk(
         call.batch.values, call.batch.offsets, eps, ddof, call.raw, call.omit, _limit(call)
     ))
-
-
-ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {
-    "grpo": grpo,
-    "dr_grpo": dr_grpo,
-    "rloo": rloo,
-    "batch_std": batch_std,
-    "reinforce_pp_baseline": reinforce_pp_baseline,
-    "opo": opo,
-    "gpg": gpg,
-    "passk": passk,
-}
-
-
-def advantages(
-    rewards: ArrayLike,
-    offsets: ArrayLike | None = None,
-    *,
-    method: str = "grpo",
-    **kwargs: Any,
-) -> np.ndarray:
-    """Advantages by estimator name: ``advantages(r, method="rloo")`` is ``rloo(r)``.
-
-    Parameters
-    ----------
-    rewards, offsets
-        As in :func:`grpo`.
-    method : str, default "grpo"
-        A key of :data:`advcal.ESTIMATORS`.
-    **kwargs
-        Keyword options of the chosen estimator (``group_ids``, ``eps``, ...).
-
-    Returns
-    -------
-    ndarray
-        The chosen estimator's advantages.
-
-    Examples
-    --------
-    >>> from advcal import advantages
-    >>> advantages([[1.0, 0.0, 0.0]], method="rloo")
-    array([[ 1. , -0.5, -0.5]])
-    """
-    check_choice(method, "method", tuple(ESTIMATORS))
-    return ESTIMATORS[method](rewards, offsets, **kwargs)

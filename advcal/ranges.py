@@ -4,8 +4,8 @@ Each response i has a reward range I_i = [l_i, h_i] (conformal ranges from
 :func:`advcal.calibrate_ranges`, or a degenerate [y, y] for a labeled response).  With an
 antisymmetric relation φ that equals r_i − r_j on points, the advantage
 A_i = (1/n) Σ_j φ(I_i, I_j) sums to zero in each group and equals the Dr.GRPO advantage
-r_i − r̄ when every range is a point.  Importing this module registers the method
-``"range"`` in :data:`advcal.ESTIMATORS` (see ``docs/ranges.md``).
+r_i − r̄ when every range is a point.  :mod:`advcal.registry` lists it as ``"range"``
+(see ``docs/ranges.md``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from numpy.typing import ArrayLike
 
 from advcal._kernels import engine
 from advcal._validation import BACKENDS, Batch, as_batch, as_float_array, check_choice
-from advcal.estimators import ESTIMATORS
 
 __all__ = ["RELATIONS", "range_advantages"]
 
@@ -164,6 +163,3 @@ def _range_entry(
     if lo is None or hi is None:
         raise TypeError("method='range' needs both `lo` and `hi`.")
     return range_advantages(lo, hi, offsets, **kwargs)
-
-
-ESTIMATORS["range"] = _range_entry

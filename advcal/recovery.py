@@ -1,4 +1,4 @@
-"""GGSR: geometry-guided safe recovery of GRPO coefficients (DESIGN §6.2).
+"""GGSR: geometry-guided safe recovery of GRPO coefficients.
 
 Given a group's JRSC set E = {c + R z : ‖z‖ ≤ ρ} (R = S^{1/2}) and the Gram matrix K of
 its responses' policy gradients (the update of coefficients a is U(a) = Σ a_i g_i, so
@@ -22,16 +22,11 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
+from advcal._blocks import block_offsets, gather_blocks, gather_rows, size_classes
 from advcal._kernels import engine
-from advcal._kernels.recovery_numpy import (
-    GRAM_RTOL,
-    NOT_FINITE,
-    NOT_PSD,
-    NOT_SYMMETRIC,
-    OVERFLOW,
-)
+from advcal._kernels.ggsr import GRAM_RTOL, NOT_FINITE, NOT_PSD, NOT_SYMMETRIC, OVERFLOW
 from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
-from advcal.sets import CoefficientSets, block_offsets, size_classes
+from advcal.sets import CoefficientSets
 
 __all__ = ["Recovery", "recover"]
 
@@ -64,7 +59,7 @@ class Recovery(NamedTuple):
     m_reward: np.ndarray
 
 
-class RawRecovery(NamedTuple):
+class _RawRecovery(NamedTuple):
     """Kernel outputs for several thresholds (flat, grouped order)."""
 
     anchors: np.ndarray
@@ -76,16 +71,14 @@ class RawRecovery(NamedTuple):
     ref1: np.ndarray  # (c − a0)ᵀ K a_ref
 
 
-
-
-def check_sets(sets: Any) -> CoefficientSets:
+def _check_sets(sets: Any) -> CoefficientSets:
     if not isinstance(sets, CoefficientSets):
         raise TypeError("`sets` must be CoefficientSets from coefficient_sets; "
                         f"got {type(sets).__name__}.")
     return sets
 
 
-def gram_blocks(sets: CoefficientSets, gram: Any) -> np.ndarray:
+def _gram_blocks(sets: CoefficientSets, gram: Any) -> np.ndarray:
     """Validate the layout of ``gram`` against ``sets``; return flat float64 blocks, each
     divided by its largest diagonal entry (recovery is invariant to a positive scale of K,
     and unit scale keeps 1e±300 inputs from overflowing or underflowing)."""
@@ -125,8 +118,8 @@ def _normalize_blocks(blocks: np.ndarray, n: int) -> None:
     blocks /= np.where(np.isfinite(top) & (top > 0), top, 1.0)[:, None]
 
 
-def run_recovery(sets: CoefficientSets, gram_flat: np.ndarray, taus: np.ndarray,
-                 reference: np.ndarray | None, backend: str) -> RawRecovery:
+def _run_recovery(sets: CoefficientSets, gram_flat: np.ndarray, taus: np.ndarray,
+                 reference: np.ndarray | None, backend: str) -> _RawRecovery:
     """Run the engine for every threshold and raise on a bad Gram block."""
     geo = sets.geometry
     offsets = sets.offsets
@@ -157,15 +150,13 @@ def run_recovery(sets: CoefficientSets, gram_flat: np.ndarray, taus: np.ndarray,
         m_full = np.full_like(m_full, np.nan)
         m_reward = np.full_like(m_reward, np.nan)
         ref0 = np.zeros_like(ref0)
-        ref1 = segment_dot_gram(geo.centers, ref, gram_flat, offsets, boffsets)
-    return RawRecovery(anchors, eta, accepted, m_full, m_reward, ref0, ref1)
+        ref1 = _segment_dot_gram(geo.centers, ref, gram_flat, offsets, boffsets)
+    return _RawRecovery(anchors, eta, accepted, m_full, m_reward, ref0, ref1)
 
 
-def segment_dot_gram(x: np.ndarray, y: np.ndarray, gram_flat: np.ndarray, offsets: np.ndarray,
+def _segment_dot_gram(x: np.ndarray, y: np.ndarray, gram_flat: np.ndarray, offsets: np.ndarray,
                      boffsets: np.ndarray) -> np.ndarray:
     """xᵀ K y per group (flat blocks)."""
-    from advcal.sets import gather_blocks, gather_rows, size_classes
-
     sizes = np.diff(offsets)
     out = np.zeros(sizes.size)
     for n, idx in size_classes(sizes):
@@ -177,7 +168,7 @@ def segment_dot_gram(x: np.ndarray, y: np.ndarray, gram_flat: np.ndarray, offset
     return out
 
 
-def coefficients_at(sets: CoefficientSets, raw: RawRecovery, column: int) -> np.ndarray:
+def _coefficients_at(sets: CoefficientSets, raw: _RawRecovery, column: int) -> np.ndarray:
     """a(η*) for accepted groups and 0 for rejected ones (flat, grouped order)."""
     accepted = raw.accepted[:, column]
     eta = np.where(accepted, raw.eta[:, column], 0.0)
@@ -190,10 +181,10 @@ def coefficients_at(sets: CoefficientSets, raw: RawRecovery, column: int) -> np.
 
 def _recover_iv(sets: Any, gram: Any, tau: Any, backend: Any
                 ) -> tuple[CoefficientSets, np.ndarray, float]:
-    sets = check_sets(sets)
+    sets = _check_sets(sets)
     tau = check_real(tau, "tau", low=0.0, high=1.0, high_inclusive=False)
     check_choice(backend, "backend", BACKENDS)
-    return sets, gram_blocks(sets, gram), tau
+    return sets, _gram_blocks(sets, gram), tau
 
 
 def recover(
@@ -211,7 +202,7 @@ def recover(
         JRSC sets of the training batch (:func:`advcal.coefficient_sets`).
     gram : array_like
         Gram matrices K_q (K_ij = ⟨g_i, g_j⟩ of the responses' policy gradients, e.g. on a
-        random projection), layout of DESIGN §1: (B, G, G) for dense sets, flat row-major
+        random projection): (B, G, G) for dense sets, flat row-major
         n_q × n_q blocks otherwise.  Must be finite, symmetric and PSD (tolerance 1e-8 ×
         the block's largest diagonal entry).
     tau : float
@@ -241,8 +232,8 @@ def recover(
     True
     """
     sets, gram_flat, tau = _recover_iv(sets, gram, tau, backend)
-    raw = run_recovery(sets, gram_flat, np.array([tau]), None, backend)
-    coefficients = coefficients_at(sets, raw, 0)
+    raw = _run_recovery(sets, gram_flat, np.array([tau]), None, backend)
+    coefficients = _coefficients_at(sets, raw, 0)
     restore = sets.batch.restore
     return Recovery(
         restore(coefficients.astype(sets.dtype)),

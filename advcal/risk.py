@@ -21,11 +21,11 @@ from numpy.typing import ArrayLike
 from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
 from advcal.recovery import (
     Recovery,
-    check_sets,
-    coefficients_at,
-    gram_blocks,
+    _check_sets,
+    _coefficients_at,
+    _gram_blocks,
+    _run_recovery,
     recover,
-    run_recovery,
 )
 from advcal.sets import CoefficientSets, SetCalibration, coefficient_sets
 
@@ -89,7 +89,7 @@ def _thresholds_iv(thresholds: Any) -> np.ndarray:
 
 def _select_iv(sets: Any, gram: Any, reference: Any, thresholds: Any, beta: Any, delta: Any,
                bound: Any, procedure: Any, backend: Any) -> tuple[Any, ...]:
-    sets = check_sets(sets)
+    sets = _check_sets(sets)
     beta = check_real(beta, "beta", low=0.0, high=1.0, low_inclusive=False,
                       high_inclusive=False)
     delta = check_real(delta, "delta", low=0.0, high=1.0, low_inclusive=False,
@@ -98,7 +98,7 @@ def _select_iv(sets: Any, gram: Any, reference: Any, thresholds: Any, beta: Any,
     check_choice(procedure, "procedure", PROCEDURES)
     check_choice(backend, "backend", BACKENDS)
     taus = _thresholds_iv(thresholds)
-    gram_flat = gram_blocks(sets, gram)
+    gram_flat = _gram_blocks(sets, gram)
     ref = sets.batch.gather(reference, "reference")
     if not np.isfinite(ref).all():
         raise ValueError("`reference` must be finite.")
@@ -167,7 +167,7 @@ def select_threshold(
         sets, gram, reference, thresholds, beta, delta, bound, procedure, backend)
     from advcal.bounds import risk_p_value, ucb
 
-    raw = run_recovery(sets, gram_flat, taus, ref, backend)
+    raw = _run_recovery(sets, gram_flat, taus, ref, backend)
     accepted = raw.accepted
     eta = np.where(accepted, raw.eta, 0.0)
     dot = raw.ref0[:, None] + eta * raw.ref1[:, None]
@@ -259,12 +259,12 @@ def setgrpo(
     if tau is not None:
         return recover(sets, gram, tau=tau, backend=backend)
     check_choice(backend, "backend", BACKENDS)
-    raw = run_recovery(sets, gram_blocks(sets, gram), np.array([0.0]), None, backend)
+    raw = _run_recovery(sets, _gram_blocks(sets, gram), np.array([0.0]), None, backend)
     rejected = raw._replace(accepted=np.zeros_like(raw.accepted), eta=np.zeros_like(raw.eta))
     restore = sets.batch.restore
     n_groups = sets.n_groups
     return Recovery(
-        restore(coefficients_at(sets, rejected, 0).astype(sets.dtype)),
+        restore(_coefficients_at(sets, rejected, 0).astype(sets.dtype)),
         np.zeros(n_groups),
         np.zeros(n_groups, dtype=bool),
         restore(raw.anchors.astype(sets.dtype)),

@@ -1,4 +1,4 @@
-"""JRSC: joint reward-set calibration of GRPO coefficients (DESIGN §6.1).
+"""JRSC: joint reward-set calibration of GRPO coefficients.
 
 A grader's noise moves every coefficient of a group at once, because the group's
 coefficients share its mean and standard deviation.  JRSC models that joint shift with
@@ -9,9 +9,10 @@ so that for an exchangeable training group the second scoring's coefficients T(r
 
 with probability at least 1 − α.
 
-* :func:`coefficient_jacobian`: per-group Jacobians of T (analytic for ``grpo``,
-  ``dr_grpo``, ``rloo``, ``maxnorm``; central finite differences through
-  :func:`advcal.advantages` for every other estimator).
+* :func:`coefficient_jacobian`: per-group Jacobians of T, of the kind the estimator's
+  entry in :mod:`advcal.registry` names: closed form (``grpo``, ``dr_grpo``, ``rloo``),
+  analytic (``maxnorm``), or central finite differences of the estimator for every
+  other one.
 * :func:`calibrate_sets`: scores d_q = ‖S_q^{+1/2} (T(r′) − T(r))‖ of calibration groups
   and their split-conformal quantile ρ.
 * :func:`coefficient_sets`: the sets of a training batch, with ``contains`` and
@@ -20,20 +21,35 @@ with probability at least 1 − α.
 Shapes that are a multiple of the centering matrix plus a multiple of ûûᵀ (GRPO, Dr.GRPO
 and RLOO under isotropic grader noise, and the isotropic ball) are kept in that closed form
 — two eigenvalues per group, no eigendecomposition; every other case stores dense blocks.
-See ``docs/setgrpo.md`` for the choices DESIGN leaves open.
+See ``docs/setgrpo.md`` for the modelling choices.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from advcal._blocks import (
+    block_offsets,
+    centered,
+    consecutive,
+    expand,
+    gather_blocks,
+    gather_rows,
+    restore_blocks,
+    scatter_blocks,
+    segment_sum,
+    size_classes,
+)
 from advcal._validation import Batch, as_batch, check_choice, check_int, check_real
+from advcal.conformal import conformal_quantile
+from advcal.registry import ANALYTIC, CLOSED_FORM, REGISTRY
+from advcal.resolution import maxnorm
 
 __all__ = [
     "CoefficientSets",
@@ -43,10 +59,9 @@ __all__ = [
     "coefficient_sets",
 ]
 
-ANALYTIC = ("grpo", "dr_grpo", "rloo", "maxnorm")
-# Estimators whose coefficients sum to zero within a group: the sets live on the centered
-# subspace (passk, opo and reinforce_pp_baseline do not center per group).
-CENTERED = ("grpo", "dr_grpo", "rloo", "maxnorm", "batch_std", "gpg")
+# The registered estimators of point rewards whose coefficients sum to zero within a
+# group: the sets live on the centered subspace.
+CENTERED = tuple(name for name, entry in REGISTRY.items() if entry.centered and not entry.ranges)
 SHAPES = ("joint", "isotropic")
 NOISES = ("isotropic", "diagonal")
 
@@ -58,113 +73,13 @@ FLOOR_ABSOLUTE = 1e-30
 MEMBERSHIP_RTOL = 1e-9
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def segment_sum(x: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Per-group sums of a flat grouped array (empty groups give 0)."""
-    n_groups = offsets.size - 1
-    out = np.zeros(n_groups, dtype=np.float64)
-    if x.size == 0 or n_groups == 0:
-        return out
-    starts = offsets[:-1]
-    sizes = offsets[1:] - starts
-    if (sizes == sizes[0]).all():
-        return x.reshape(n_groups, -1).sum(axis=1)
-    nonempty = sizes > 0
-    out[nonempty] = np.add.reduceat(x, starts[nonempty])
-    return out
-
-
-def expand(per_group: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Repeat a per-group value for each response of its group."""
-    return np.repeat(per_group, np.diff(offsets))
-
-
-def block_offsets(sizes: np.ndarray) -> np.ndarray:
-    """Offsets of row-major n_q × n_q blocks concatenated in group order (DESIGN §1)."""
-    out = np.zeros(sizes.size + 1, dtype=np.int64)
-    np.cumsum(sizes.astype(np.int64) ** 2, out=out[1:])
-    return out
-
-
-# Groups per batched numpy step: bounds the (chunk, n, n) temporaries of the dense paths.
-CLASS_CHUNK = 1 << 16
-
-
-def size_classes(sizes: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-    """(n, indices of up to CLASS_CHUNK groups of size n) covering every group once."""
-    if sizes.size and (sizes == sizes[0]).all():
-        classes = [(int(sizes[0]), np.arange(sizes.size))]
-    else:
-        classes = [(int(n), np.flatnonzero(sizes == n)) for n in np.unique(sizes)]
-    for n, idx in classes:
-        for start in range(0, idx.size, CLASS_CHUNK):
-            yield n, idx[start:start + CLASS_CHUNK]
-
-
-def _run(idx: np.ndarray) -> bool:
-    """Whether ``idx`` is a run of consecutive groups (then their values are contiguous)."""
-    return bool(idx.size) and int(idx[-1]) - int(idx[0]) + 1 == idx.size
-
-
-def gather_rows(flat: np.ndarray, offsets: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
-    """The groups ``idx`` (all of size n) of a flat grouped array as an (len(idx), n) array
-    (a view when they are consecutive)."""
-    if _run(idx):
-        start = int(offsets[idx[0]])
-        return flat[start:start + idx.size * n].reshape(idx.size, n)
-    return flat[offsets[idx][:, None] + np.arange(n)]
-
-
-def gather_blocks(blocks: np.ndarray, boffsets: np.ndarray, idx: np.ndarray, n: int
-                  ) -> np.ndarray:
-    """The n × n blocks of the groups ``idx`` as an (len(idx), n, n) array (a view when
-    they are consecutive)."""
-    if _run(idx):
-        start = int(boffsets[idx[0]])
-        return blocks[start:start + idx.size * n * n].reshape(idx.size, n, n)
-    return blocks[boffsets[idx][:, None] + np.arange(n * n)].reshape(-1, n, n)
-
-
-def scatter_blocks(out: np.ndarray, boffsets: np.ndarray, idx: np.ndarray, n: int,
-                   values: np.ndarray) -> None:
-    if _run(idx):
-        start = int(boffsets[idx[0]])
-        out[start:start + idx.size * n * n] = values.reshape(-1)
-        return
-    out[boffsets[idx][:, None] + np.arange(n * n)] = values.reshape(-1, n * n)
-
-
-def restore_blocks(batch: Batch, blocks: np.ndarray) -> np.ndarray:
-    """Per-group blocks in the caller's layout: (B, G, G) for dense input, flat otherwise."""
-    if batch.shape is not None:
-        n_groups, width = batch.shape
-        return blocks.reshape(n_groups, width, width)
-    return blocks
-
-
-def _centered(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """x − group mean, computed after shifting by the group's first value so a constant
-    group gives exact zeros."""
-    sizes = np.diff(offsets)
-    first = np.zeros(sizes.size)
-    nonempty = sizes > 0
-    first[nonempty] = values[offsets[:-1][nonempty]]
-    shifted = values - expand(first, offsets)
-    mean = segment_sum(shifted, offsets) / np.maximum(sizes, 1)
-    return shifted - expand(mean, offsets)
-
-
 # --------------------------------------------------------------------------- estimator maps
 
 
 def _transform(values: np.ndarray, offsets: np.ndarray, estimator: str, eps: float, ddof: int,
                options: Mapping[str, Any]) -> np.ndarray:
     """T(r) on a flat float64 batch."""
-    from advcal.estimators import ESTIMATORS
-
-    fn = ESTIMATORS[estimator]
+    fn = REGISTRY[estimator].function
     kwargs = dict(options)
     params = inspect.signature(fn).parameters
     if "eps" in params:
@@ -190,7 +105,7 @@ class _Radial:
 def _radial(values: np.ndarray, offsets: np.ndarray, estimator: str, eps: float, ddof: int
             ) -> _Radial:
     sizes = np.diff(offsets)
-    u = _centered(values, offsets)
+    u = centered(values, offsets)
     norm2 = segment_sum(u * u, offsets)
     norm = np.sqrt(norm2)
     inv = np.divide(1.0, norm, out=np.zeros_like(norm), where=norm > 0)
@@ -218,8 +133,6 @@ def _maxnorm_jacobian(values: np.ndarray, offsets: np.ndarray, options: Mapping[
     the arg-max k; D = κ·C is the baseline's centering (κ = n/(n−1) for ``"rloo"``).  With
     binning or a dead zone the map is piecewise constant, so finite differences are used.
     """
-    from advcal.resolution import maxnorm
-
     if "tau_res" not in options:
         raise ValueError("`options` must give `tau_res` for estimator='maxnorm'.")
     if options.get("resolution") is not None or options.get("dead_zone") is not None:
@@ -280,10 +193,18 @@ def _finite_difference_jacobian(values: np.ndarray, offsets: np.ndarray, estimat
     return out
 
 
+# The estimators whose registry entry says ANALYTIC, and their Jacobian (a test checks
+# that the two agree).
+_ANALYTIC_JACOBIANS: dict[str, Callable[[np.ndarray, np.ndarray, Mapping[str, Any]],
+                                        np.ndarray]] = {"maxnorm": _maxnorm_jacobian}
+
+
 def _closed_form(estimator: str, options: Mapping[str, Any]) -> bool:
-    """GRPO, Dr.GRPO and RLOO have the two-eigenvalue Jacobian — except for singletons kept
-    raw (``singleton="raw"``), whose coefficient is not centered; those use differences."""
-    return estimator in ("grpo", "dr_grpo", "rloo") and options.get("singleton") != "raw"
+    """Closed-form estimators (GRPO, Dr.GRPO, RLOO) have the two-eigenvalue Jacobian —
+    except for singletons kept raw (``singleton="raw"``), whose coefficient is not
+    centered; those use differences."""
+    return (REGISTRY[estimator].jacobian == CLOSED_FORM
+            and options.get("singleton") != "raw")
 
 
 def structured_blocks(u_hat: np.ndarray, offsets: np.ndarray, tan: np.ndarray,
@@ -295,7 +216,7 @@ def structured_blocks(u_hat: np.ndarray, offsets: np.ndarray, tan: np.ndarray,
     for n, idx in size_classes(sizes):
         if n == 0:
             continue
-        run = _run(idx)
+        run = consecutive(idx)
         uh = gather_rows(u_hat, offsets, idx, n)
         # tan·(C − ûûᵀ) + rad·ûûᵀ = tan·C + (rad − tan)·ûûᵀ, built in place.
         blocks = gather_blocks(out, boffsets, idx, n) if run else np.empty((idx.size, n, n))
@@ -311,8 +232,8 @@ def structured_blocks(u_hat: np.ndarray, offsets: np.ndarray, tan: np.ndarray,
 
 def _jacobian_flat(values: np.ndarray, offsets: np.ndarray, estimator: str, eps: float,
                    ddof: int, options: Mapping[str, Any]) -> np.ndarray:
-    if estimator == "maxnorm":
-        return _maxnorm_jacobian(values, offsets, options)
+    if REGISTRY[estimator].jacobian == ANALYTIC:
+        return _ANALYTIC_JACOBIANS[estimator](values, offsets, options)
     if not _closed_form(estimator, options):
         return _finite_difference_jacobian(values, offsets, estimator, eps, ddof, options)
     geo = _radial(values, offsets, estimator, eps, ddof)
@@ -320,9 +241,9 @@ def _jacobian_flat(values: np.ndarray, offsets: np.ndarray, estimator: str, eps:
 
 
 def _check_estimator(estimator: Any) -> str:
-    from advcal.estimators import ESTIMATORS
-
-    return check_choice(estimator, "estimator", tuple(ESTIMATORS))
+    """A registered estimator of point rewards (Range-GRPO takes ranges: no sets)."""
+    points = tuple(name for name, entry in REGISTRY.items() if not entry.ranges)
+    return check_choice(estimator, "estimator", points)
 
 
 def _check_options(options: Any) -> dict[str, Any]:
@@ -377,7 +298,7 @@ def coefficient_jacobian(
     Returns
     -------
     ndarray
-        float64 blocks, layout of DESIGN §1: (B, G, G) for dense ``rewards``; for 1-D
+        float64 blocks: (B, G, G) for dense ``rewards``; for 1-D
         ``rewards`` the row-major n_q × n_q blocks concatenated in group order (groups
         in order of first appearance for ``group_ids``, rows in the caller's order within
         a group).
@@ -466,7 +387,7 @@ class _Geometry:
         """vᵀ S v per group (flat v)."""
         if self.blocks is None:
             u_hat = np.asarray(self.u_hat)
-            vc = _centered(v, self.offsets)
+            vc = centered(v, self.offsets)
             radial = segment_sum(u_hat * vc, self.offsets)
             total = segment_sum(vc * vc, self.offsets)
             tangential = np.clip(total - radial * radial, 0.0, None)
@@ -534,10 +455,10 @@ def _geometry(values: np.ndarray, offsets: np.ndarray, *, estimator: str, eps: f
     # Dense path: S = J diag(v) Jᵀ + λ ûûᵀ + floor·C, group by group size.
     jac = _jacobian_flat(values, offsets, estimator, eps, ddof, options)
     var_flat = _noise_per_response(noise_var, values.size)
-    u = _centered(values, offsets)
+    u = centered(values, offsets)
     norm = np.sqrt(segment_sum(u * u, offsets))
     u_hat = u * expand(np.divide(1.0, norm, out=np.zeros_like(norm), where=norm > 0), offsets)
-    closed = estimator in ("grpo", "dr_grpo", "rloo")
+    closed = REGISTRY[estimator].jacobian == CLOSED_FORM
     j_tan = _radial(values, offsets, estimator, eps, ddof).j_tan if closed else None
     boffsets = block_offsets(sizes)
     blocks = np.zeros(int(boffsets[-1]))
@@ -611,6 +532,13 @@ class SetCalibration:
     eps: float
     ddof: int
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A calibration built or edited by hand (dataclasses.replace) gets the same checks
+        # as a loaded file: a negative rho would otherwise give NaN coefficients later.
+        from advcal.artefacts import validate_set_calibration
+
+        validate_set_calibration(self)
 
     @property
     def m(self) -> int:
@@ -737,13 +665,11 @@ def calibrate_sets(
     (batch, values_a, values_b, alpha, estimator, eps, ddof, ridge, options,
      var) = _calibrate_iv(scores_a, scores_b, offsets, group_ids, alpha, estimator, shape,
                           noise, noise_var, ridge, eps, ddof, options)
-    from advcal.conformal import conformal_quantile
-
     offs = batch.offsets
     geo = _geometry(values_a, offs, estimator=estimator, eps=eps, ddof=ddof, shape=shape,
                     noise=noise, noise_var=var, ridge=ridge, options=options)
     other = _transform(values_b, offs, estimator, eps, ddof, options)
-    delta = _centered(other - geo.centers, offs)
+    delta = centered(other - geo.centers, offs)
     d2 = geo.quad_pinv(delta)
     scores = np.sqrt(np.clip(d2[batch.sizes >= 2], 0.0, None))
     rho = float(conformal_quantile(scores, alpha))
@@ -768,7 +694,7 @@ class CoefficientSets:
 
     Notes
     -----
-    ``centers`` and ``shapes`` come back in the caller's layout (DESIGN §1); the private
+    ``centers`` and ``shapes`` come back in the caller's layout; the private
     fields keep the grouped flat float64 geometry that :func:`advcal.recover` consumes.
     """
 
@@ -836,7 +762,7 @@ class CoefficientSets:
         mean = segment_sum(delta, self.offsets) / np.maximum(self.batch.sizes, 1)
         scale = np.sqrt(segment_sum(a * a + self.geometry.centers ** 2, self.offsets)) + 1e-300
         centered_ok = np.abs(mean) * np.sqrt(self.batch.sizes) <= rtol * scale + 1e-12
-        d2 = self.geometry.quad_pinv(_centered(delta, self.offsets))
+        d2 = self.geometry.quad_pinv(centered(delta, self.offsets))
         return np.where(centered_ok, np.sqrt(np.clip(d2, 0.0, None)), np.inf)
 
     def log_volumes(self) -> np.ndarray:

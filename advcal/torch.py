@@ -175,7 +175,7 @@ def advantages(
     ...                method="dr_grpo")
     tensor([ 0.5000, -0.5000,  0.0000,  0.0000])
     """
-    from advcal.estimators import advantages as np_advantages
+    from advcal.registry import advantages as np_advantages
 
     host = to_numpy(rewards, "rewards")
     result = np_advantages(

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from advcal import calibrate_sets, coefficient_sets, recover
+from advcal._blocks import block_offsets
 from advcal._kernels import recovery_numba, recovery_numpy
-from advcal.recovery import gram_blocks
-from advcal.sets import block_offsets
+from advcal.recovery import _gram_blocks
 from advcal.simulate import gram_matrices, paired_scorings
 from benchmarks import Case
 
@@ -25,7 +25,7 @@ def _recover_case(n: int, n_groups: int) -> Case:
     sets = coefficient_sets(paired_scorings(n_groups, n, scale=0.02, seed=1).a,
                             calibration=cal)
     gram = gram_matrices(n_groups, n, seed=2).gram
-    flat = gram_blocks(sets, gram)
+    flat = _gram_blocks(sets, gram)
     geo = sets.geometry
     root = geo.root_blocks()
     boffsets = block_offsets(sets.batch.sizes)

@@ -28,12 +28,14 @@ from advcal import (
 )
 from advcal._kernels import point_numba, pool
 from advcal._kernels.modes import DR, FIXED, GRPO, RLOO
+from advcal.registry import REGISTRY
 from tests.strategies import FLOAT_DTYPES, dense_batches, ragged_batches
 
-POINT_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp_baseline", "opo",
-                    "gpg", "passk")
+# The registered estimators of advcal.estimators (maxnorm and range have their own tests).
+POINT_ESTIMATORS = tuple(name for name, entry in REGISTRY.items()
+                         if entry.function.__module__ == "advcal.estimators")
 # Estimators whose advantages sum to zero within every group of two or more.
-ZERO_SUM = ("grpo", "dr_grpo", "rloo", "batch_std", "gpg")
+ZERO_SUM = tuple(name for name in POINT_ESTIMATORS if REGISTRY[name].centered)
 
 
 def call(name, rewards, offsets=None, **kw):

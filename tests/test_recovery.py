@@ -302,8 +302,8 @@ def ragged_kernel_args(seed: int, sizes: list[int], rank: int | None) -> tuple:
     Every third group has constant rewards (a zero center, skipped early), and ``rank``
     makes the Gram blocks singular (rejected anchors inside the ball, the eigh branch).
     """
-    from advcal.recovery import gram_blocks
-    from advcal.sets import block_offsets
+    from advcal._blocks import block_offsets
+    from advcal.recovery import _gram_blocks
 
     rng = np.random.default_rng(seed)
     sizes_arr = np.asarray(sizes, dtype=np.int64)
@@ -321,7 +321,7 @@ def ragged_kernel_args(seed: int, sizes: list[int], rank: int | None) -> tuple:
             blocks[q] = k.reshape(-1)
     gram = np.concatenate(blocks) if blocks else np.zeros(0)
     geo = sets.geometry
-    return (geo.centers, sets.offsets, geo.root_blocks(), gram_blocks(sets, gram),
+    return (geo.centers, sets.offsets, geo.root_blocks(), _gram_blocks(sets, gram),
             block_offsets(sets.batch.sizes), float(sets.rho), np.array([0.0, 0.2, 0.45]),
             rng.normal(size=geo.centers.size))
 

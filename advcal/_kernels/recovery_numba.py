@@ -19,9 +19,7 @@ import math
 import numpy as np
 from numba import njit
 
-from advcal._kernels.modes import FASTMATH
-from advcal._kernels.pool import compile_serial, run_over_groups
-from advcal._kernels.recovery_numpy import (
+from advcal._kernels.ggsr import (
     GRAM_RTOL,
     NOT_FINITE,
     NOT_PSD,
@@ -32,6 +30,8 @@ from advcal._kernels.recovery_numpy import (
     ZERO_UPDATE_RTOL,
     recovery_outputs,
 )
+from advcal._kernels.modes import FASTMATH
+from advcal._kernels.pool import compile_serial, run_over_groups
 
 _FASTMATH = set(FASTMATH)
 ETA_TOL = 1e-13  # absolute accuracy of η*

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 
-# Status codes per group (the wrapper turns them into errors naming `gram`) and the
-# tolerances both engines share (defined here because this module does not import numba).
-OK = 0
-NOT_SYMMETRIC = 1
-NOT_PSD = 2
-NOT_FINITE = 3
-OVERFLOW = 4  # R K R overflows float64 (huge sets)
-GRAM_RTOL = 1e-8  # symmetry and PSD tolerance, relative to max diag(K)
-ZERO_UPDATE_RTOL = 1e-12  # ‖U(a0)‖² ≤ this × ‖U(c)‖²: no safe direction
-ZERO_CENTER_RTOL = 1e-14  # cᵀKc ≤ this × max diag(K) × ‖c‖²: GRPO's own update vanishes
+from advcal._kernels.ggsr import (
+    GRAM_RTOL,
+    NOT_FINITE,
+    NOT_PSD,
+    NOT_SYMMETRIC,
+    OK,
+    OVERFLOW,
+    ZERO_CENTER_RTOL,
+    ZERO_UPDATE_RTOL,
+    recovery_outputs,
+)
 
 
 def _gram_status(k: np.ndarray) -> tuple[int, float]:
@@ -108,15 +109,6 @@ def _eta_star(a0: np.ndarray, c: np.ndarray, r: np.ndarray, k: np.ndarray, rho: 
     while not feasible(root) and root > start:
         root = max(start, root - 1e-14)
     return float(root)
-
-
-def recovery_outputs(centers, n_groups, n_taus):
-    """The outputs of ``recover_groups`` before any group is processed (both engines):
-    status OK, anchors = centers, η* = 0 and rejected, projections NaN, ref0 = ref1 = 0."""
-    return (np.zeros(n_groups, dtype=np.int8), centers.copy(), np.zeros((n_groups, n_taus)),
-            np.zeros((n_groups, n_taus), dtype=np.bool_),
-            np.full((n_groups, n_taus), np.nan), np.full((n_groups, n_taus), np.nan),
-            np.zeros(n_groups), np.zeros(n_groups))
 
 
 def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference):

@@ -1,0 +1,30 @@
+"""GGSR constants both recovery engines share: per-group status codes and tolerances.
+
+``recovery_numba`` and ``recovery_numpy`` import these, and ``advcal.recovery`` turns a
+status into an error that names ``gram``.  Kept in the engine directory so that the kernel
+cache (keyed on every engine source) recompiles when one of them changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Status codes per group.
+OK = 0
+NOT_SYMMETRIC = 1
+NOT_PSD = 2
+NOT_FINITE = 3
+OVERFLOW = 4  # R K R overflows float64 (huge sets)
+
+GRAM_RTOL = 1e-8  # symmetry and PSD tolerance, relative to max diag(K)
+ZERO_UPDATE_RTOL = 1e-12  # ‖U(a0)‖² ≤ this × ‖U(c)‖²: no safe direction
+ZERO_CENTER_RTOL = 1e-14  # cᵀKc ≤ this × max diag(K) × ‖c‖²: GRPO's own update vanishes
+
+
+def recovery_outputs(centers, n_groups, n_taus):
+    """The outputs of ``recover_groups`` before any group is processed (both engines):
+    status OK, anchors = centers, η* = 0 and rejected, projections NaN, ref0 = ref1 = 0."""
+    return (np.zeros(n_groups, dtype=np.int8), centers.copy(), np.zeros((n_groups, n_taus)),
+            np.zeros((n_groups, n_taus), dtype=np.bool_),
+            np.full((n_groups, n_taus), np.nan), np.full((n_groups, n_taus), np.nan),
+            np.zeros(n_groups), np.zeros(n_groups))

@@ -1,0 +1,361 @@
+"""The estimator registry: every advantage estimator advcal knows, in one table.
+
+Each :class:`Estimator` entry says what the rest of the package needs to know about one
+estimator: the function, whether its advantages sum to zero within every group (the JRSC
+sets live on that centred subspace), the kind of Jacobian the sets use, the keywords the
+caller must supply, and how the scale diagnostics take its per-group scale.  The
+:func:`advantages` dispatcher, :data:`ESTIMATORS`, :func:`advcal.scale_diagnostics`,
+:func:`advcal.calibrate_sets` and the command line all read this table, and nothing
+changes it after import.  ``docs/internals.md`` says how to add an estimator.
+
+Per-group scale s_q.  Every registered estimator gives the responses of group q weights
+``w_i = u_i / s_q``: ``u`` is the estimator's own baseline-corrected reward, in reward
+units, and s_q one positive number per group.  The diagnostics report 1/s_q (the
+prompt's weight in the batch) and beta_eff,q = beta * s_q.
+
+======================  ===========================================  =====================
+estimator               u_i                                          s_q
+======================  ===========================================  =====================
+grpo                    r_i - mean                                   std_q + eps
+dr_grpo                 r_i - mean                                   1
+rloo                    r_i - mean of the others                     1
+batch_std               r_i - mean                                   std_batch + eps
+reinforce_pp_baseline   r_i - mean - m (m: weighted batch mean of    sqrt(v + eps), v the
+                        the centred rewards; 0 up to rounding        weighted batch
+                        without token counts)                        variance (one for all)
+opo                     r_i - length-weighted mean                   1
+gpg                     r_i - mean                                   f_norm * k / N (k
+                                                                     nonzero of N rewards)
+passk                   r_max - r_2nd for the best response, else 0  std_q + eps
+maxnorm                 baseline-centred (rloo by default)           max(max_i |u_i|, tau)
+range                   (points as ranges [r, r]) r_i - mean         1
+======================  ===========================================  =====================
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from advcal._validation import check_choice
+from advcal.estimators import (
+    _batch_std,
+    _point_iv,
+    _whitening,
+    batch_std,
+    dr_grpo,
+    gpg,
+    grpo,
+    opo,
+    passk,
+    reinforce_pp_baseline,
+    rloo,
+)
+from advcal.ranges import _range_entry, range_advantages
+from advcal.resolution import _maxnorm_groups, maxnorm
+
+__all__ = [
+    "ANALYTIC",
+    "CLOSED_FORM",
+    "ESTIMATORS",
+    "FINITE_DIFFERENCE",
+    "REGISTRY",
+    "DiagnosticSettings",
+    "Estimator",
+    "Scaled",
+    "advantages",
+]
+
+#: Jacobian kinds.  Closed form: J = t·(C − ûûᵀ) + r·ûûᵀ, two eigenvalues per group and no
+#: blocks; analytic: dense blocks from a formula; finite difference: central differences
+#: of the estimator (any estimator, nothing to write).
+CLOSED_FORM = "closed form"
+ANALYTIC = "analytic"
+FINITE_DIFFERENCE = "finite difference"
+
+
+class DiagnosticSettings(NamedTuple):
+    """The options :func:`advcal.scale_diagnostics` shares between estimators.
+
+    Attributes
+    ----------
+    eps : float
+        Offset of the estimators that divide by ``std + eps`` (grpo, batch_std, passk).
+    tau_res : float
+        MaxNorm's scale floor.
+    resolution : float or None
+        MaxNorm's binning resolution.
+    backend : str
+        Engine of every estimator.
+    """
+
+    eps: float
+    tau_res: float
+    resolution: float | None
+    backend: str
+
+
+class Scaled(NamedTuple):
+    """An estimator's weights on a batch and its per-group scale (see the module notes).
+
+    Attributes
+    ----------
+    weights : ndarray
+        Advantages, flat in grouped order.
+    scale : ndarray of float64, shape (B,)
+        s_q per group.
+    informative : ndarray of bool, shape (B,)
+        Groups whose weights come from a gap in their own rewards (False: the estimator
+        skips the group, e.g. all rewards equal).
+    """
+
+    weights: np.ndarray
+    scale: np.ndarray
+    informative: np.ndarray
+
+
+#: ``scale(values, offsets, settings, options)``: values are flat finite rewards in
+#: grouped order, options the caller's keywords for this estimator (per-response ones
+#: already in grouped order).
+ScaleRule = Callable[[np.ndarray, np.ndarray, DiagnosticSettings, dict[str, Any]], Scaled]
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """One registered estimator.
+
+    Attributes
+    ----------
+    name : str
+        Its key in :data:`REGISTRY` and :data:`ESTIMATORS`.
+    function : callable
+        ``function(rewards, offsets=None, *, group_ids=None, **options)``.
+    centered : bool
+        The advantages sum to zero within every group (required by the JRSC sets).
+    jacobian : str
+        :data:`CLOSED_FORM`, :data:`ANALYTIC` or :data:`FINITE_DIFFERENCE`.
+    scale : callable
+        How the scale diagnostics compute its weights and per-group scale
+        (``ScaleRule``: returns a :class:`Scaled`).
+    needs : tuple of str
+        Keywords the caller must pass (no default).
+    per_response : tuple of str
+        Keywords that hold one value per response, in the layout of the rewards.
+    ranges : bool
+        Takes reward ranges ``lo``, ``hi`` instead of point rewards (``rewards=None``).
+    """
+
+    name: str
+    function: Callable[..., np.ndarray]
+    centered: bool
+    jacobian: str
+    scale: ScaleRule
+    needs: tuple[str, ...] = ()
+    per_response: tuple[str, ...] = ()
+    ranges: bool = False
+
+
+# --------------------------------------------------------------------------- scale rules
+
+
+def _sizes_and_gap(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group sizes, and whether each group's values are not all equal."""
+    sizes = np.diff(offsets)
+    starts = offsets[:-1][sizes > 0]
+    low = np.zeros(sizes.size)
+    high = np.zeros(sizes.size)
+    if starts.size:
+        low[sizes > 0] = np.minimum.reduceat(values, starts)
+        high[sizes > 0] = np.maximum.reduceat(values, starts)
+    return sizes, high != low
+
+
+def _group_std(values: np.ndarray, offsets: np.ndarray, ddof: int) -> np.ndarray:
+    """Per-group standard deviation, exactly 0 for a constant group (float64)."""
+    sizes = np.diff(offsets)
+    codes = np.repeat(np.arange(sizes.size), sizes)
+    x = values.astype(np.float64)
+    shift = np.zeros(sizes.size)
+    shift[sizes > 0] = x[offsets[:-1][sizes > 0]]
+    # Deviations from a member of the group: a constant group has exactly 0 spread.
+    d = x - shift[codes]
+    mean = np.bincount(codes, d, sizes.size) / np.maximum(sizes, 1)
+    ss = np.bincount(codes, (d - mean[codes]) ** 2, sizes.size)
+    return np.sqrt(ss / np.maximum(sizes - ddof, 1))
+
+
+def _default(function: Callable[..., Any], keyword: str) -> Any:
+    """The default of ``function``'s ``keyword`` (one source for the estimator's default)."""
+    return inspect.signature(function).parameters[keyword].default
+
+
+def _unit_scale(function: Callable[..., np.ndarray]) -> ScaleRule:
+    """Scale 1: the weights are the baseline-corrected rewards themselves."""
+
+    def rule(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,
+             options: dict[str, Any]) -> Scaled:
+        weights = function(values, offsets, backend=settings.backend, **options)
+        sizes, gap = _sizes_and_gap(values, offsets)
+        return Scaled(weights, np.ones(sizes.size), gap)
+
+    return rule
+
+
+def _std_scale(function: Callable[..., np.ndarray], *, unique_top: bool = False) -> ScaleRule:
+    """Scale std_q + eps (``unique_top``: a tie for the best reward is a skipped group)."""
+
+    def rule(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,
+             options: dict[str, Any]) -> Scaled:
+        options = {"eps": settings.eps, **options}
+        weights = function(values, offsets, backend=settings.backend, **options)
+        ddof = options.get("ddof", _default(function, "ddof"))
+        scale = _group_std(values, offsets, ddof) + options["eps"]
+        sizes, gap = _sizes_and_gap(values, offsets)
+        if unique_top:
+            codes = np.repeat(np.arange(sizes.size), sizes)
+            top = np.full(sizes.size, -np.inf)
+            np.maximum.at(top, codes, values)
+            gap = np.bincount(codes, values == top[codes], sizes.size) == 1
+        # With eps = 0 a gap below sqrt(tiny) squares to a zero std: the group is skipped.
+        return Scaled(weights, scale, gap & (scale > 0.0))
+
+    return rule
+
+
+def _batch_std_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,
+                     options: dict[str, Any]) -> Scaled:
+    options = {"eps": settings.eps, **options}
+    weights = batch_std(values, offsets, backend=settings.backend, **options)
+    ddof = options.get("ddof", _default(batch_std, "ddof"))
+    call = _point_iv(values, offsets, None, "zero", "raise", settings.backend)
+    sizes, gap = _sizes_and_gap(values, offsets)
+    scale = np.full(sizes.size, _batch_std(call, ddof) + options["eps"])
+    return Scaled(weights, scale, gap & (scale > 0.0))
+
+
+def _reinforce_pp_scale(values: np.ndarray, offsets: np.ndarray,
+                        settings: DiagnosticSettings, options: dict[str, Any]) -> Scaled:
+    weights = reinforce_pp_baseline(values, offsets, backend=settings.backend, **options)
+    u = dr_grpo(values, offsets, backend=settings.backend).astype(np.float64)
+    tokens = options.get("token_counts")
+    counts = np.ones(values.shape) if tokens is None else np.asarray(tokens, np.float64)
+    eps = options.get("eps", _default(reinforce_pp_baseline, "eps"))
+    sizes, gap = _sizes_and_gap(values, offsets)
+    scale = np.full(sizes.size, _whitening(u, counts, eps)[1])
+    return Scaled(weights, scale, gap & (scale > 0.0))
+
+
+def _opo_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,
+               options: dict[str, Any]) -> Scaled:
+    # Without lengths every response counts once: the baseline is the plain group mean.
+    options = {"lengths": np.ones(values.shape), **options}
+    return _unit_scale(opo)(values, offsets, settings, options)
+
+
+def _gpg_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,
+               options: dict[str, Any]) -> Scaled:
+    weights = gpg(values, offsets, backend=settings.backend, **options)
+    f_norm = float(options.get("f_norm", _default(gpg, "f_norm")))
+    sizes, gap = _sizes_and_gap(values, offsets)
+    divisor = f_norm * max(int(np.count_nonzero(values)), 1) / max(values.size, 1)
+    return Scaled(weights, np.full(sizes.size, divisor), gap)
+
+
+def _maxnorm_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,
+                   options: dict[str, Any]) -> Scaled:
+    options = {"tau_res": settings.tau_res, "resolution": settings.resolution, **options}
+    result = _maxnorm_groups(values, offsets, backend=settings.backend, **options)
+    return Scaled(result.flat, result.scale, result.keep)
+
+
+def _range_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,
+                 options: dict[str, Any]) -> Scaled:
+    # Points are the degenerate ranges [r, r] (then the weights are Dr.GRPO's); with
+    # ranges, a group whose ranges give no direction (all weights 0) is skipped.
+    lo = options.pop("lo", None)
+    hi = options.pop("hi", None)
+    if (lo is None) != (hi is None):
+        raise TypeError("method 'range' needs both `lo` and `hi`, or neither (points).")
+    if lo is None:
+        return _unit_scale(_points_as_ranges)(values, offsets, settings, options)
+    weights = range_advantages(lo, hi, offsets, backend=settings.backend, **options)
+    sizes = np.diff(offsets)
+    codes = np.repeat(np.arange(sizes.size), sizes)
+    moved = np.bincount(codes, weights != 0.0, sizes.size) > 0
+    return Scaled(weights, np.ones(sizes.size), moved)
+
+
+def _points_as_ranges(values: ArrayLike, offsets: ArrayLike | None = None,
+                      **options: Any) -> np.ndarray:
+    """Range-GRPO on points: the degenerate ranges [r, r]."""
+    return range_advantages(values, values, offsets, **options)
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _table(*entries: Estimator) -> Mapping[str, Estimator]:
+    return MappingProxyType({entry.name: entry for entry in entries})
+
+
+#: Every registered estimator by name, in documentation order (read-only).
+REGISTRY: Mapping[str, Estimator] = _table(
+    Estimator("grpo", grpo, True, CLOSED_FORM, _std_scale(grpo)),
+    Estimator("dr_grpo", dr_grpo, True, CLOSED_FORM, _unit_scale(dr_grpo)),
+    Estimator("rloo", rloo, True, CLOSED_FORM, _unit_scale(rloo)),
+    Estimator("batch_std", batch_std, True, FINITE_DIFFERENCE, _batch_std_scale),
+    Estimator("reinforce_pp_baseline", reinforce_pp_baseline, False, FINITE_DIFFERENCE,
+              _reinforce_pp_scale, per_response=("token_counts",)),
+    Estimator("opo", opo, False, FINITE_DIFFERENCE, _opo_scale, needs=("lengths",),
+              per_response=("lengths",)),
+    Estimator("gpg", gpg, True, FINITE_DIFFERENCE, _gpg_scale),
+    Estimator("passk", passk, False, FINITE_DIFFERENCE, _std_scale(passk, unique_top=True)),
+    Estimator("maxnorm", maxnorm, True, ANALYTIC, _maxnorm_scale, needs=("tau_res",)),
+    Estimator("range", _range_entry, True, FINITE_DIFFERENCE, _range_scale,
+              needs=("lo", "hi"), per_response=("lo", "hi"), ranges=True),
+)
+
+#: Estimator functions by name (a read-only view of :data:`REGISTRY`):
+#: ``ESTIMATORS["rloo"](rewards)`` is ``rloo(rewards)``.
+ESTIMATORS: Mapping[str, Callable[..., np.ndarray]] = MappingProxyType(
+    {name: entry.function for name, entry in REGISTRY.items()})
+
+
+def advantages(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    method: str = "grpo",
+    **kwargs: Any,
+) -> np.ndarray:
+    """Advantages by estimator name: ``advantages(r, method="rloo")`` is ``rloo(r)``.
+
+    Parameters
+    ----------
+    rewards, offsets
+        As in :func:`advcal.grpo` (``None`` rewards for ``method="range"``, which takes
+        ``lo`` and ``hi``).
+    method : str, default "grpo"
+        A key of :data:`advcal.ESTIMATORS`.
+    **kwargs
+        Keyword options of the chosen estimator (``group_ids``, ``eps``, ...).
+
+    Returns
+    -------
+    ndarray
+        The chosen estimator's advantages.
+
+    Examples
+    --------
+    >>> from advcal import advantages
+    >>> advantages([[1.0, 0.0, 0.0]], method="rloo")
+    array([[ 1. , -0.5, -0.5]])
+    """
+    check_choice(method, "method", tuple(REGISTRY))
+    return REGISTRY[method].function(rewards, offsets, **kwargs)
