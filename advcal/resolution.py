@@ -4,8 +4,7 @@
   to a resolution so that sub-resolution jitter disappears, and marks the groups whose
   binned rewards are all equal (zero-gap groups) for skipping.
 * :func:`maxnorm` turns rewards into bounded MaxNorm-AC loss weights
-  ``w = u / max(max|u|, tau_res)``; it is registered in the ``advantages`` dispatcher
-  as ``"maxnorm"``.
+  ``w = u / max(max|u|, tau_res)``; :mod:`advcal.registry` lists it as ``"maxnorm"``.
 
 Both take ``(rewards, offsets=None, *, group_ids=None, ...)`` like every estimator and
 return results in the caller's layout; per-group outputs (``keep``, ``scale``) list the
@@ -33,7 +32,6 @@ from advcal._validation import (
     check_real,
     raise_bad_values,
 )
-from advcal.estimators import ESTIMATORS
 
 __all__ = ["MaxNormResult", "ResolvedRewards", "maxnorm", "resolve_rewards"]
 
@@ -425,6 +423,3 @@ def maxnorm(
     if return_scale:
         return MaxNormResult(weights, result.scale, result.keep)
     return weights
-
-
-ESTIMATORS["maxnorm"] = maxnorm
