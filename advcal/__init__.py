@@ -4,6 +4,7 @@ Points, intervals or paired scores in; advantages, coefficient sets, recovery ra
 conformal / UCB thresholds out.  See DESIGN.md for the math and ``docs/`` for the guide.
 """
 
+from advcal.artefacts import load_calibration, save_calibration
 from advcal.bounds import risk_p_value, ucb
 from advcal.conformal import (
     RangeCalibration,
@@ -71,6 +72,7 @@ __all__ = [
     "gpg",
     "groups_from_ids",
     "grpo",
+    "load_calibration",
     "maxnorm",
     "offsets_from_sizes",
     "opo",
@@ -81,6 +83,7 @@ __all__ = [
     "resolve_rewards",
     "risk_p_value",
     "rloo",
+    "save_calibration",
     "scale_diagnostics",
     "select_threshold",
     "setgrpo",

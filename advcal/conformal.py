@@ -178,6 +178,12 @@ class RangeCalibration:
     scores: np.ndarray
     categories: np.ndarray | None = None
 
+    def __post_init__(self) -> None:
+        # Objects built or edited by hand get the checks a loaded file gets.
+        from advcal.artefacts import validate_range_calibration
+
+        validate_range_calibration(self)
+
     def ranges(
         self,
         judge: ArrayLike | None,
@@ -307,6 +313,10 @@ def _category_codes(categories: Any, shape: tuple[int, ...]) -> tuple[list[Any],
         arr: np.ndarray | None = np.asarray(categories)
     except (TypeError, ValueError):  # ragged sequences of tuples and the like
         arr = None
+    if (arr is not None and arr.dtype.kind in "US" and arr.ndim == 1
+            and not isinstance(categories, np.ndarray)
+            and not all(isinstance(c, (str, bytes)) for c in categories)):
+        arr = None  # numpy would turn [1, "1"] into ["1", "1"]: keep the labels' own types
     if arr is not None and arr.dtype.kind in "biufUS":
         if arr.shape == shape:
             if arr.dtype.kind == "f" and np.isnan(arr).any():

@@ -253,6 +253,9 @@ def setgrpo(
     ((16, 8), dtype('bool'))
     """
     if isinstance(tau, ThresholdSelection):
+        from advcal.artefacts import validate_threshold_selection
+
+        validate_threshold_selection(tau)  # it may have been built or loaded by hand
         tau = tau.tau_sel
     sets = coefficient_sets(rewards, offsets, group_ids=group_ids, calibration=calibration,
                             noise_var=noise_var)

@@ -1,0 +1,792 @@
+"""Calibration artefacts: save and load calibrations in one versioned, pickle-free format.
+
+A calibration (:class:`~advcal.SetCalibration`, :class:`~advcal.RangeCalibration` or
+:class:`~advcal.ThresholdSelection`) is computed once, offline, from paired gradings and
+then used for a whole training run, often in another process or on another machine.
+:func:`save_calibration` writes it to an ``.npz`` archive (a zip file) holding
+
+* ``header.json``: UTF-8 JSON with the format name ``"advcal.calibration"``, the format
+  ``version``, the ``kind`` (class name), the scalar ``fields`` and a declaration
+  (``dtype``, ``shape``) of every array member;
+* one ``<field>.npy`` member per array field, written without pickle.
+
+:func:`load_calibration` reads it back bit for bit and validates every field, the way the
+constructors do plus cross-checks between fields (the radius is the conformal quantile of
+the stored scores, the risk column is ``k_rev / n_acc``, ...).  A file written by a newer
+format version is refused.  The format is described in ``docs/calibration.md``.
+
+The ``validate_*`` functions are the checks the calibration classes run on construction
+(``__post_init__``) and that their consumers run on objects built by hand: each raises a
+``ValueError`` (or ``TypeError``) naming the field.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import json
+import math
+import numbers
+import os
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "load_calibration",
+    "save_calibration",
+    "validate_range_calibration",
+    "validate_set_calibration",
+    "validate_threshold_selection",
+]
+
+FORMAT_NAME = "advcal.calibration"
+FORMAT_VERSION = 1
+HEADER = "header.json"
+# A header is a few hundred bytes plus the category labels; an array member is refused
+# above this size before it is decompressed (a zip bomb is refused without reading it).
+MAX_HEADER_BYTES = 64 << 20
+MAX_MEMBER_BYTES = 4 << 30
+# Recovery sums η* ∈ [0, 1] over the accepted groups: allow rounding of that sum.
+_RECOVERY_RTOL = 1e-9
+
+KINDS = ("SetCalibration", "RangeCalibration", "ThresholdSelection")
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _real(value: Any, name: str, *, low: float | None = None, high: float | None = None,
+          low_open: bool = False, high_open: bool = False, allow_inf: bool = False,
+          allow_neg_inf: bool = False) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a real number; got {type(value).__name__}.")
+    v = float(value)
+    if math.isnan(v):
+        raise ValueError(f"`{name}` must not be NaN.")
+    if math.isinf(v) and not ((v > 0 and allow_inf) or (v < 0 and allow_neg_inf)):
+        raise ValueError(f"`{name}` must be finite; got {v}.")
+    if low is not None and (v < low or (low_open and v == low)):
+        raise ValueError(f"`{name}` must be {'>' if low_open else '>='} {low!r}; got {v!r}.")
+    if high is not None and (v > high or (high_open and v == high)):
+        raise ValueError(f"`{name}` must be {'<' if high_open else '<='} {high!r}; got {v!r}.")
+    return v
+
+
+def _alpha(value: Any, name: str = "alpha") -> float:
+    return _real(value, name, low=0.0, high=1.0, low_open=True, high_open=True)
+
+
+def _float_vector(value: Any, name: str, *, size: int | None = None,
+                  allow_empty: bool = False) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"`{name}` must be a numpy array; got {type(value).__name__}.")
+    if value.dtype.kind != "f":
+        raise ValueError(f"`{name}` must have a floating dtype; got {value.dtype}.")
+    if value.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D; got shape {value.shape}.")
+    if size is not None and value.size != size:
+        raise ValueError(f"`{name}` must have shape ({size},); got {value.shape}.")
+    if value.size == 0 and not allow_empty:
+        raise ValueError(f"`{name}` must hold at least one value; got none.")
+    return value
+
+
+def _int_vector(value: Any, name: str, size: int) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"`{name}` must be a numpy array; got {type(value).__name__}.")
+    if value.dtype.kind not in "iu":
+        raise ValueError(f"`{name}` must have an integer dtype; got {value.dtype}.")
+    if value.shape != (size,):
+        raise ValueError(f"`{name}` must have shape ({size},); got {value.shape}.")
+    return value
+
+
+def _choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"`{name}` must be one of {allowed}; got {value!r}.")
+    return value
+
+
+def _estimator_function(estimator: str) -> Any:
+    from advcal import ESTIMATORS
+
+    return ESTIMATORS[estimator]
+
+
+def _check_set_options(options: Any, estimator: str) -> None:
+    if not isinstance(options, Mapping):
+        raise TypeError(f"`options` must be a mapping of estimator keywords; "
+                        f"got {type(options).__name__}.")
+    params = inspect.signature(_estimator_function(estimator)).parameters
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for key, value in options.items():
+        if not isinstance(key, str):
+            raise TypeError(f"`options` keys must be strings; got {key!r}.")
+        if key not in params and not takes_kwargs:
+            raise ValueError(f"`options[{key!r}]`: estimator {estimator!r} has no keyword "
+                             f"{key!r}.")
+        if np.ndim(value) > 0 and not (key == "bounds" and np.shape(value) == (2,)):
+            raise ValueError(f"`options[{key!r}]` must be a scalar (per-response estimator "
+                             "inputs cannot live in a calibration).")
+    if estimator == "maxnorm":
+        if "tau_res" not in options:
+            raise ValueError("`options` must give `tau_res` for estimator='maxnorm'.")
+        _real(options["tau_res"], "options['tau_res']", low=0.0, low_open=True)
+
+
+def validate_set_calibration(cal: Any) -> None:
+    """Check every field of a :class:`~advcal.SetCalibration` (run on construction).
+
+    Raises ``ValueError`` or ``TypeError`` naming the first bad field: a negative or NaN
+    radius ``rho``, ``alpha`` outside (0, 1), a negative ``noise_var`` or ``ridge``,
+    ``scores`` that are not a non-empty 1-D float array of non-negative values, an
+    unknown or non-centering ``estimator``, an unknown ``shape`` or ``noise``, or
+    ``options`` the estimator does not take.
+    """
+    from advcal.sets import CENTERED, NOISES, SHAPES
+
+    _real(cal.rho, "rho", low=0.0, allow_inf=True)
+    _alpha(cal.alpha)
+    _real(cal.noise_var, "noise_var", low=0.0)
+    _real(cal.ridge, "ridge", low=0.0)
+    scores = _float_vector(cal.scores, "scores")
+    if np.isnan(scores).any():
+        raise ValueError("`scores` must not contain NaN.")
+    if (scores < 0).any():
+        raise ValueError("`scores` must be non-negative (they are distances).")
+    from advcal import ESTIMATORS
+
+    if not isinstance(cal.estimator, str) or cal.estimator not in ESTIMATORS:
+        raise ValueError(f"`estimator` must be a key of advcal.ESTIMATORS; got "
+                         f"{cal.estimator!r}.")
+    if cal.estimator not in CENTERED:
+        raise ValueError(f"`estimator` must center coefficients within groups for sets "
+                         f"(one of {', '.join(repr(e) for e in CENTERED)}); got "
+                         f"{cal.estimator!r}.")
+    _choice(cal.shape, "shape", tuple(SHAPES))
+    _choice(cal.noise, "noise", tuple(NOISES))
+    _real(cal.eps, "eps", low=0.0)
+    if isinstance(cal.ddof, (bool, np.bool_)) or not isinstance(cal.ddof, numbers.Integral) \
+            or int(cal.ddof) not in (0, 1):
+        raise ValueError(f"`ddof` must be 0 or 1; got {cal.ddof!r}.")
+    _check_set_options(cal.options, cal.estimator)
+
+
+def validate_range_calibration(cal: Any) -> None:
+    """Check every field of a :class:`~advcal.RangeCalibration` (run on construction).
+
+    Raises ``ValueError`` or ``TypeError`` naming the first bad field: an unknown
+    ``method``, ``alpha`` outside (0, 1), ``bounds`` that are not finite with low < high,
+    ``scores`` that are not a non-empty finite 1-D float array (non-negative except for
+    ``"cqr"``), a NaN or negative ``radius`` (negative only allowed for ``"cqr"``), or
+    ``radius`` keys and ``categories`` that do not match one another.
+    """
+    from advcal.conformal import RANGE_METHODS
+
+    method = _choice(cal.method, "method", tuple(RANGE_METHODS))
+    _alpha(cal.alpha)
+    bounds = cal.bounds
+    if not isinstance(bounds, tuple) or len(bounds) != 2:
+        raise TypeError(f"`bounds` must be a tuple (low, high); got {bounds!r}.")
+    low = _real(bounds[0], "bounds[0]")
+    high = _real(bounds[1], "bounds[1]")
+    if not low < high:
+        raise ValueError(f"`bounds` must satisfy low < high; got {bounds!r}.")
+    scores = _float_vector(cal.scores, "scores")
+    if not np.isfinite(scores).all():
+        raise ValueError("`scores` must be finite.")
+    signed = method == "cqr"
+    if not signed and (scores < 0).any():
+        raise ValueError(f"`scores` must be non-negative for method={method!r}.")
+    radius = cal.radius
+    if not isinstance(radius, Mapping) or len(radius) == 0:
+        raise TypeError("`radius` must be a non-empty mapping of category to radius.")
+    for key, value in radius.items():
+        _real(value, f"radius[{key!r}]", low=None if signed else 0.0, allow_inf=True)
+    categories = cal.categories
+    if categories is None:
+        if list(radius) != [None]:
+            raise ValueError("`radius` must have the single key None when `categories` is "
+                             f"None; got keys {list(radius)[:5]!r}.")
+        return
+    if not isinstance(categories, np.ndarray) or categories.dtype != object:
+        raise TypeError("`categories` must be a numpy array of dtype object (or None).")
+    if categories.shape != scores.shape:
+        raise ValueError(f"`categories` must have the shape of `scores` {scores.shape}; "
+                         f"got {categories.shape}.")
+    if None in radius:
+        raise ValueError("`radius` must not have the key None with `categories`.")
+    seen = set()
+    for label in categories.tolist():
+        try:
+            seen.add(label)
+        except TypeError:
+            raise TypeError(f"`categories` must hold hashable labels; got "
+                            f"{type(label).__name__}.") from None
+    missing = seen.difference(radius)
+    if missing:
+        raise ValueError(f"`radius` has no entry for category {next(iter(missing))!r} of "
+                         "`categories`.")
+    unused = set(radius).difference(seen)
+    if unused:
+        raise ValueError(f"`radius` has category {next(iter(unused))!r}, which no calibration "
+                         "score has in `categories`.")
+
+
+def validate_threshold_selection(sel: Any) -> None:
+    """Check every field of a :class:`~advcal.ThresholdSelection`.
+
+    Run by :func:`advcal.setgrpo` on a selection passed as ``tau`` and by the artefact
+    functions.  Raises ``ValueError`` or ``TypeError`` naming the first bad field: a grid
+    ``tau`` that is not strictly descending in [0, 1), columns of another length than
+    ``tau`` or of the wrong dtype, counts with ``k_rev > n_acc``, probabilities outside
+    [0, 1], a ``risk`` that is not ``k_rev / n_acc``, a ``feasible`` vacuous threshold,
+    or a ``tau_sel`` that is not a feasible threshold of the grid (None iff none is).
+    """
+    tau = _float_vector(sel.tau, "tau")
+    t = tau.size
+    if not (np.isfinite(tau).all() and (tau >= 0).all() and (tau < 1).all()):
+        raise ValueError("`tau` must lie in [0, 1).")
+    if (np.diff(tau) >= 0).any():
+        raise ValueError("`tau` must be strictly descending (strict -> loose).")
+    n_acc = _int_vector(sel.n_acc, "n_acc", t)
+    k_rev = _int_vector(sel.k_rev, "k_rev", t)
+    if (n_acc < 0).any():
+        raise ValueError("`n_acc` must be non-negative.")
+    if (k_rev < 0).any() or (k_rev > n_acc).any():
+        raise ValueError("`k_rev` must satisfy 0 <= k_rev <= n_acc.")
+    risk = _float_vector(sel.risk, "risk", size=t)
+    vacuous = n_acc == 0
+    if not np.array_equal(np.isnan(risk), vacuous):
+        raise ValueError("`risk` must be NaN exactly where n_acc = 0.")
+    expected = k_rev[~vacuous] / n_acc[~vacuous].astype(np.float64)
+    if not np.allclose(risk[~vacuous], expected, rtol=1e-12, atol=0.0):
+        raise ValueError("`risk` must equal k_rev / n_acc.")
+    for name in ("ucb", "p_value"):
+        col = _float_vector(getattr(sel, name), name, size=t)
+        if not ((col >= 0) & (col <= 1)).all():  # also refuses NaN
+            raise ValueError(f"`{name}` must lie in [0, 1].")
+    recovery = _float_vector(sel.recovery, "recovery", size=t)
+    limit = n_acc * (1.0 + _RECOVERY_RTOL) + _RECOVERY_RTOL
+    if not (np.isfinite(recovery).all() and (recovery >= 0).all() and (recovery <= limit).all()):
+        raise ValueError("`recovery` must lie in [0, n_acc] (a sum of eta* in [0, 1]).")
+    feasible = sel.feasible
+    if not isinstance(feasible, np.ndarray) or feasible.dtype != np.bool_:
+        raise ValueError("`feasible` must be a numpy array of bool.")
+    if feasible.shape != (t,):
+        raise ValueError(f"`feasible` must have shape ({t},); got {feasible.shape}.")
+    if (feasible & vacuous).any():
+        raise ValueError("`feasible` must be False where n_acc = 0 (nothing certified).")
+    _real(sel.level, "level", low=0.0, high=1.0, low_open=True, high_open=True)
+    if sel.tau_sel is None:
+        if feasible.any():
+            raise ValueError("`tau_sel` is None but `feasible` certifies a threshold.")
+        return
+    tau_sel = _real(sel.tau_sel, "tau_sel")
+    hit = np.flatnonzero(tau == tau_sel)
+    if hit.size != 1 or not feasible[hit[0]]:
+        raise ValueError(f"`tau_sel` must be a feasible threshold of `tau`; got {tau_sel!r}.")
+
+
+def _validate(obj: Any) -> str:
+    """Validate any calibration object; return its kind."""
+    from advcal.conformal import RangeCalibration
+    from advcal.risk import ThresholdSelection
+    from advcal.sets import SetCalibration
+
+    if isinstance(obj, SetCalibration):
+        validate_set_calibration(obj)
+        return "SetCalibration"
+    if isinstance(obj, RangeCalibration):
+        validate_range_calibration(obj)
+        return "RangeCalibration"
+    if isinstance(obj, ThresholdSelection):
+        validate_threshold_selection(obj)
+        return "ThresholdSelection"
+    raise TypeError("`obj` must be a SetCalibration, RangeCalibration or ThresholdSelection; "
+                    f"got {type(obj).__name__}.")
+
+
+def _check_consistent(kind: str, obj: Any) -> None:
+    """Cross-field checks that a calibration routine guarantees (a tampered file fails)."""
+    from advcal.conformal import conformal_quantile
+
+    if kind == "SetCalibration":
+        expected = conformal_quantile(obj.scores, obj.alpha)
+        if float(obj.rho) != expected:
+            raise ValueError(f"`rho` = {float(obj.rho)!r} is not the conformal quantile of "
+                             f"`scores` at `alpha` ({expected!r}).")
+    elif kind == "RangeCalibration":
+        if obj.categories is None:
+            groups = {None: obj.scores}
+        else:
+            index = {key: i for i, key in enumerate(obj.radius)}
+            codes = np.array([index[lab] for lab in obj.categories.tolist()], dtype=np.int64)
+            groups = {key: obj.scores[codes == i] for key, i in index.items()}
+        for key, scores in groups.items():
+            expected = conformal_quantile(scores, obj.alpha)
+            if float(obj.radius[key]) != expected:
+                raise ValueError(f"`radius[{key!r}]` = {float(obj.radius[key])!r} is not the "
+                                 f"conformal quantile of its scores at `alpha` ({expected!r}).")
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _encode_float(value: float) -> float | str:
+    """JSON numbers are exact for finite floats (shortest repr); infinities are strings."""
+    v = float(value)
+    if math.isfinite(v):
+        return v
+    return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+
+
+def _decode_float(value: Any, name: str) -> float:
+    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"`{name}` must be a number in the file; got {value!r}.")
+    return float(value)
+
+
+def _encode_value(value: Any, name: str) -> dict[str, Any]:
+    """A tagged JSON value that decodes to the same Python type and value."""
+    if value is None:
+        return {"type": "none"}
+    if isinstance(value, np.generic):
+        if value.dtype.kind not in "biuf":
+            raise ValueError(f"`{name}`: numpy scalars of dtype {value.dtype} cannot be saved.")
+        return {"type": "numpy", "dtype": value.dtype.str,
+                "value": _encode_value(value.item(), name)}
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf" or value.ndim != 1:
+            raise ValueError(f"`{name}`: only 1-D numeric arrays can be saved.")
+        return {"type": "ndarray", "dtype": value.dtype.str,
+                "value": [_encode_value(v, name) for v in value.tolist()]}
+    if type(value) is bool:
+        return {"type": "bool", "value": value}
+    if type(value) is int:
+        return {"type": "int", "value": value}
+    if type(value) is float:
+        return {"type": "float", "value": _encode_float(value)}
+    if type(value) is str:
+        return {"type": "str", "value": value}
+    if type(value) in (tuple, list):
+        return {"type": type(value).__name__,
+                "value": [_encode_value(v, name) for v in value]}
+    raise ValueError(f"`{name}` of type {type(value).__name__} cannot be saved (supported: "
+                     "None, bool, int, float, str, numpy scalars, tuples, lists, 1-D arrays).")
+
+
+def _decode_value(tagged: Any, name: str) -> Any:
+    if not isinstance(tagged, dict) or "type" not in tagged:
+        raise ValueError(f"`{name}` is not a tagged value in the file.")
+    kind = tagged["type"]
+    value = tagged.get("value")
+    if kind == "none":
+        return None
+    if kind == "bool" and type(value) is bool:
+        return value
+    if kind == "int" and type(value) is int:
+        return value
+    if kind == "float":
+        return _decode_float(value, name)
+    if kind == "str" and type(value) is str:
+        return value
+    if kind in ("tuple", "list") and isinstance(value, list):
+        items = [_decode_value(v, name) for v in value]
+        return tuple(items) if kind == "tuple" else items
+    if kind in ("numpy", "ndarray"):
+        dtype = _safe_dtype(tagged.get("dtype"), name)
+        if kind == "numpy":
+            return dtype.type(_decode_value(value, name))
+        if not isinstance(value, list):
+            raise ValueError(f"`{name}` must hold a list in the file.")
+        return np.array([_decode_value(v, name) for v in value], dtype=dtype)
+    raise ValueError(f"`{name}` has an invalid tagged value {tagged!r} in the file.")
+
+
+def _safe_dtype(text: Any, name: str) -> np.dtype:
+    try:
+        dtype = np.dtype(text) if isinstance(text, str) else None
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind not in "biuf" or dtype.hasobject:
+        raise ValueError(f"`{name}` declares an unsupported dtype {text!r} in the file.")
+    return dtype
+
+
+def _label_json(label: Any) -> Any:
+    # JSON tells 1, 1.0, "1" and true apart, so each label comes back with its type.
+    if type(label) in (str, int, bool) or (type(label) is float and math.isfinite(label)):
+        return label
+    raise ValueError(f"`categories`: label {label!r} of type {type(label).__name__} cannot be "
+                     "saved (supported: str, int, bool, finite float).")
+
+
+def _encode(obj: Any, kind: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(scalar fields for the header, array members) of a validated object."""
+    arrays: dict[str, np.ndarray] = {}
+    if kind == "SetCalibration":
+        fields = {
+            "rho": _encode_value(obj.rho, "rho"),
+            "alpha": _encode_value(obj.alpha, "alpha"),
+            "noise_var": _encode_value(obj.noise_var, "noise_var"),
+            "ridge": _encode_value(obj.ridge, "ridge"),
+            "estimator": obj.estimator,
+            "shape": obj.shape,
+            "noise": obj.noise,
+            "eps": _encode_value(obj.eps, "eps"),
+            "ddof": _encode_value(obj.ddof, "ddof"),
+            "options": {k: _encode_value(v, f"options[{k!r}]") for k, v in obj.options.items()},
+        }
+        arrays["scores"] = obj.scores
+    elif kind == "RangeCalibration":
+        keys = list(obj.radius)
+        fields = {
+            "method": obj.method,
+            "alpha": _encode_value(obj.alpha, "alpha"),
+            "bounds": _encode_value(obj.bounds, "bounds"),
+            "mondrian": obj.categories is not None,
+            "labels": [] if obj.categories is None else [_label_json(k) for k in keys],
+            "radius_mapping": type(obj.radius).__name__,
+        }
+        if len({json.dumps(k) for k in fields["labels"]}) != len(fields["labels"]):
+            raise ValueError("`radius` has labels that are equal in JSON (e.g. 1 and True).")
+        arrays["scores"] = obj.scores
+        arrays["radius"] = np.array([float(obj.radius[k]) for k in keys], dtype=np.float64)
+        if obj.categories is not None:
+            index = {k: i for i, k in enumerate(keys)}
+            arrays["category_codes"] = np.array(
+                [index[lab] for lab in obj.categories.tolist()], dtype=np.int64)
+    else:
+        fields = {"tau_sel": _encode_value(obj.tau_sel, "tau_sel"),
+                  "level": _encode_value(obj.level, "level")}
+        for name in ("tau", "n_acc", "k_rev", "risk", "ucb", "p_value", "recovery",
+                     "feasible"):
+            arrays[name] = getattr(obj, name)
+        extra = [f for f in obj._fields if f not in fields and f not in arrays]
+        for name in extra:  # fields added to the class later travel in the same file
+            value = getattr(obj, name)
+            if isinstance(value, np.ndarray):
+                arrays[name] = value
+            else:
+                fields[name] = _encode_value(value, name)
+    for name, arr in arrays.items():
+        if arr.dtype.hasobject or arr.dtype.kind not in "biuf":
+            raise ValueError(f"`{name}` of dtype {arr.dtype} cannot be saved.")
+    return fields, arrays
+
+
+def _field(fields: Mapping[str, Any], name: str) -> Any:
+    if name not in fields:
+        raise ValueError(f"`{name}` is missing from the file's header.")
+    return fields[name]
+
+
+def _decode(kind: str, fields: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Any:
+    from advcal.conformal import RangeCalibration
+    from advcal.risk import ThresholdSelection
+    from advcal.sets import SetCalibration
+
+    def value(name: str) -> Any:
+        return _decode_value(_field(fields, name), name)
+
+    def text(name: str) -> str:
+        v = _field(fields, name)
+        if not isinstance(v, str):
+            raise ValueError(f"`{name}` must be a string in the file; got {v!r}.")
+        return v
+
+    def array(name: str) -> np.ndarray:
+        if name not in arrays:
+            raise ValueError(f"`{name}` is missing from the file (no member {name}.npy).")
+        return arrays[name]
+
+    if kind == "SetCalibration":
+        options = _field(fields, "options")
+        if not isinstance(options, dict):
+            raise ValueError("`options` must be a JSON object in the file.")
+        return SetCalibration(
+            value("rho"), value("alpha"), value("noise_var"), value("ridge"), array("scores"),
+            text("estimator"), text("shape"), text("noise"), value("eps"), value("ddof"),
+            {k: _decode_value(v, f"options[{k!r}]") for k, v in options.items()})
+    if kind == "RangeCalibration":
+        scores = array("scores")
+        radius_values = array("radius")
+        mondrian = _field(fields, "mondrian")
+        labels = _field(fields, "labels")
+        if type(mondrian) is not bool or not isinstance(labels, list):
+            raise ValueError("`mondrian` / `labels` are malformed in the file.")
+        if radius_values.dtype != np.float64 or radius_values.ndim != 1:
+            raise ValueError("`radius` must be a 1-D float64 member in the file.")
+        if not mondrian and (labels or "category_codes" in arrays):
+            raise ValueError("`mondrian` is false but the file has category labels.")
+        keys: list[Any] = list(labels) if mondrian else [None]
+        for label in keys:
+            if label is not None:
+                if isinstance(label, (list, dict)) or label is None:
+                    raise ValueError(f"`labels` holds {label!r}, which is not a label.")
+        if len({json.dumps(k) for k in keys}) != len(keys):
+            raise ValueError("`labels` has duplicate labels in the file.")
+        if radius_values.size != len(keys):
+            raise ValueError(f"`radius` must have one value per category ({len(keys)}); got "
+                             f"{radius_values.size}.")
+        radius = dict(zip(keys, radius_values.tolist(), strict=True))
+        if len(radius) != len(keys):  # 1 and True collide as dict keys
+            raise ValueError("`labels` has labels that are equal in Python (e.g. 1 and True).")
+        categories = None
+        if mondrian:
+            codes = array("category_codes")
+            if codes.dtype.kind not in "iu" or codes.shape != scores.shape:
+                raise ValueError(f"`category_codes` must be integers of shape {scores.shape}.")
+            if codes.size and (codes.min() < 0 or codes.max() >= len(keys)):
+                raise ValueError("`category_codes` must index `labels`.")
+            categories = np.empty(codes.size, dtype=object)
+            categories[:] = [keys[c] for c in codes.tolist()]
+            categories.flags.writeable = False
+        scores.flags.writeable = False
+        mapping = _field(fields, "radius_mapping")
+        radius_map: Mapping[Any, float] = MappingProxyType(radius) \
+            if mapping == "mappingproxy" else radius
+        return RangeCalibration(text("method"), value("alpha"), value("bounds"), radius_map,
+                                scores, categories)
+    names = list(ThresholdSelection._fields)
+    kwargs: dict[str, Any] = {}
+    for name in names:
+        if name in arrays:
+            kwargs[name] = arrays[name]
+        elif name in fields:
+            kwargs[name] = value(name)
+        elif name in ThresholdSelection._field_defaults:
+            continue
+        else:
+            raise ValueError(f"`{name}` is missing from the file.")
+    return ThresholdSelection(**kwargs)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.asanyarray(arr), allow_pickle=False)
+    return buf.getvalue()
+
+
+def save_calibration(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write a calibration to ``path`` in the advcal calibration format (an ``.npz``).
+
+    Parameters
+    ----------
+    path : str or path-like
+        Destination file (conventionally ``*.npz``; no extension is added).  It is
+        written to a temporary file in the same folder and then renamed, so a reader
+        never sees half a file.
+    obj : SetCalibration, RangeCalibration or ThresholdSelection
+        The calibration.  It is validated first, as :func:`load_calibration` would
+        validate the file.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``obj`` is of another type, fails validation, or holds a value the format cannot
+        represent exactly (an option or category label of an unsupported type).
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> from advcal import calibrate_sets, load_calibration, save_calibration
+    >>> from advcal.simulate import paired_scorings
+    >>> pair = paired_scorings(200, 8, scale=0.02, seed=0)
+    >>> cal = calibrate_sets(pair.a, pair.b, alpha=0.1)
+    >>> path = os.path.join(tempfile.mkdtemp(), "sets.npz")
+    >>> save_calibration(path, cal)
+    >>> back = load_calibration(path)
+    >>> back.rho == cal.rho, back.scores.tobytes() == cal.scores.tobytes()
+    (True, True)
+    """
+    kind = _validate(obj)
+    _check_consistent(kind, obj)
+    fields, arrays = _encode(obj, kind)
+    from advcal import __version__
+
+    header = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "kind": kind,
+        "writer": f"advcal {__version__}",
+        "fields": fields,
+        "arrays": {name: {"dtype": arr.dtype.str, "shape": list(arr.shape)}
+                   for name, arr in arrays.items()},
+    }
+    text = json.dumps(header, allow_nan=False, ensure_ascii=False, indent=1)
+    target = Path(os.fspath(path))
+    folder = target.parent if str(target.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as zf:
+            zf.writestr(HEADER, text.encode("utf-8"))
+            for name, arr in arrays.items():
+                zf.writestr(f"{name}.npy", _npy_bytes(arr))
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _read_header(zf: zipfile.ZipFile, where: str) -> dict[str, Any]:
+    try:
+        info = zf.getinfo(HEADER)
+    except KeyError:
+        raise ValueError(f"{where}: not an advcal calibration file (no {HEADER} member; "
+                         "files are written by advcal.save_calibration).") from None
+    if info.file_size > MAX_HEADER_BYTES:
+        raise ValueError(f"{where}: {HEADER} is larger than {MAX_HEADER_BYTES} bytes.")
+    try:
+        header = json.loads(zf.read(info).decode("utf-8"),
+                            parse_constant=lambda c: _bad_constant(c, where))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{where}: {HEADER} is not valid UTF-8 JSON ({exc}).") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{where}: {HEADER} must be a JSON object.")
+    if header.get("format") != FORMAT_NAME:
+        raise ValueError(f"{where}: `format` is {header.get('format')!r}, not "
+                         f"{FORMAT_NAME!r}: not an advcal calibration file.")
+    version = header.get("version")
+    if type(version) is not int or version < 1:
+        raise ValueError(f"{where}: `version` must be a positive integer; got {version!r}.")
+    if version > FORMAT_VERSION:
+        raise ValueError(f"{where}: written in calibration format version {version}, newer "
+                         f"than this advcal reads (up to version {FORMAT_VERSION}); upgrade "
+                         "advcal to load it.")
+    if header.get("kind") not in KINDS:
+        raise ValueError(f"{where}: `kind` must be one of {', '.join(KINDS)}; got "
+                         f"{header.get('kind')!r}.")
+    for key in ("fields", "arrays"):
+        if not isinstance(header.get(key), dict):
+            raise ValueError(f"{where}: `{key}` must be a JSON object in {HEADER}.")
+    return header
+
+
+def _bad_constant(constant: str, where: str) -> Any:
+    raise ValueError(f"{where}: {HEADER} holds {constant}, which is not JSON "
+                     "(infinities are written as strings).")
+
+
+def _read_member(zf: zipfile.ZipFile, name: str, spec: Any, where: str) -> np.ndarray:
+    if not isinstance(spec, dict) or not isinstance(spec.get("shape"), list) or not all(
+            type(s) is int and s >= 0 for s in spec["shape"]):
+        raise ValueError(f"{where}: `{name}` has a malformed declaration in {HEADER}.")
+    dtype = _safe_dtype(spec.get("dtype"), name)
+    shape = tuple(spec["shape"])
+    nbytes = dtype.itemsize * math.prod(shape)
+    try:
+        info = zf.getinfo(f"{name}.npy")
+    except KeyError:
+        raise ValueError(f"{where}: `{name}` is missing (no member {name}.npy).") from None
+    if nbytes > MAX_MEMBER_BYTES or info.file_size > nbytes + 65536 + 128:
+        raise ValueError(f"{where}: `{name}` is larger than its declared dtype and shape "
+                         "allow; refused before reading.")
+    with zf.open(info) as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                found_shape, fortran, found_dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                found_shape, fortran, found_dtype = np.lib.format.read_array_header_2_0(f)
+        except ValueError as exc:
+            raise ValueError(f"{where}: `{name}` is not a valid .npy member ({exc}).") from None
+        if found_dtype.hasobject:
+            raise ValueError(f"{where}: `{name}` holds Python objects (a pickle); refused.")
+        if found_dtype != dtype or tuple(found_shape) != shape:
+            raise ValueError(f"{where}: `{name}` has dtype {found_dtype} and shape "
+                             f"{tuple(found_shape)}; {HEADER} declares {dtype} and {shape}.")
+        data = f.read(nbytes + 1)
+    if len(data) != nbytes:
+        raise ValueError(f"{where}: `{name}` is truncated or has trailing bytes.")
+    arr = np.frombuffer(data, dtype=dtype)
+    if fortran:
+        return np.asfortranarray(arr.reshape(shape[::-1]).T)
+    return arr.reshape(shape).copy()
+
+
+def load_calibration(path: str | os.PathLike[str], *, kind: type | None = None) -> Any:
+    """Read a calibration written by :func:`save_calibration`, validating every field.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file.
+    kind : type, optional
+        The class expected (``SetCalibration``, ``RangeCalibration`` or
+        ``ThresholdSelection``); a file holding another kind is a ``TypeError``.
+
+    Returns
+    -------
+    SetCalibration, RangeCalibration or ThresholdSelection
+        Equal to the saved object field by field, bit for bit (array dtypes, category
+        labels and their types included).
+
+    Raises
+    ------
+    ValueError
+        The file is not an advcal calibration (not a zip/npz archive, no header, another
+        format), was written by a newer format version, holds pickled or undeclared
+        members, or a field fails validation; the message names the field.
+    OSError
+        The file cannot be read.
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> import numpy as np
+    >>> from advcal import calibrate_ranges, load_calibration, save_calibration
+    >>> cal = calibrate_ranges(np.array([0.2, 0.5, 0.9]), np.array([0.3, 0.5, 0.7]),
+    ...                        alpha=0.5, categories=["a", 1, 1])
+    >>> path = os.path.join(tempfile.mkdtemp(), "ranges.npz")
+    >>> save_calibration(path, cal)
+    >>> dict(load_calibration(path).radius)
+    {'a': 0.1, 1: 0.2}
+    """
+    where = os.fspath(path)
+    try:
+        zf = zipfile.ZipFile(where)
+    except zipfile.BadZipFile:
+        raise ValueError(f"{where}: not an advcal calibration file (not an .npz/zip "
+                         "archive).") from None
+    with zf:
+        header = _read_header(zf, where)
+        declared = header["arrays"]
+        expected_members = {HEADER} | {f"{name}.npy" for name in declared}
+        for member in zf.namelist():
+            if member not in expected_members:
+                raise ValueError(f"{where}: unexpected member {member!r} (not declared in "
+                                 f"{HEADER}).")
+        try:
+            arrays = {name: _read_member(zf, name, spec, where)
+                      for name, spec in declared.items()}
+        except (zipfile.BadZipFile, EOFError, OSError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise ValueError(f"{where}: corrupt archive ({exc}).") from None
+    found = header["kind"]
+    try:
+        obj = _decode(found, header["fields"], arrays)
+        _validate(obj)  # ThresholdSelection has no constructor checks of its own
+        _check_consistent(found, obj)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if kind is not None and type(obj) is not kind:
+        raise TypeError(f"{where}: holds a {found}, not a {getattr(kind, '__name__', kind)}.")
+    return obj
