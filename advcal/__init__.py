@@ -1,7 +1,7 @@
 """advcal: exact, fast advantage calibration for group-relative RL of language models.
 
 Points, intervals or paired scores in; advantages, coefficient sets, recovery ratios and
-conformal / UCB thresholds out.  See DESIGN.md for the math and ``docs/`` for the guide.
+conformal / UCB thresholds out.  The documentation site (``docs/``) has the math and the guide.
 """
 
 from advcal.artefacts import load_calibration, save_calibration

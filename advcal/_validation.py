@@ -1,7 +1,7 @@
 """The one place where public inputs are checked and normalized.
 
 Public functions call these helpers once, in a private ``_<name>_iv`` function, and hand
-the normalized arrays to kernels that trust them (DESIGN §7, §8).  Every error names the
+the normalized arrays to kernels that trust them.  Every error names the
 argument it is about, so a user can tell which of several arrays is wrong.
 """
 
@@ -174,7 +174,7 @@ def _dense_offsets(n_groups: int, width: int) -> np.ndarray:
 
 
 def as_batch(rewards: Any, offsets: Any, group_ids: Any, *, name: str = "rewards") -> Batch:
-    """Normalize ``(rewards, offsets, group_ids)`` in either layout (DESIGN §1)."""
+    """Normalize ``(rewards, offsets, group_ids)`` in either layout (dense or ragged)."""
     values = as_float_array(rewards, name)
     if values.ndim == 2:
         if offsets is not None or group_ids is not None:

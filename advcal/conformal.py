@@ -1,6 +1,6 @@
 """Split-conformal toolkit: the exact finite-sample quantile and conformal reward ranges.
 
-DESIGN §4.  The quantile of m calibration scores at level α is the k-th smallest score
+The quantile of m calibration scores at level α is the k-th smallest score
 with k = ⌈(m+1)(1−α)⌉, and +∞ when k > m.  The rank is computed in exact rational
 arithmetic and snapped to an integer within 1e-9, so that α means the decimal the user
 wrote (see ``docs/conformal.md``).
@@ -387,7 +387,7 @@ def calibrate_ranges(
 ) -> RangeCalibration:
     """Calibrate an LLM judge against reference rewards into conformal reward ranges.
 
-    Split conformal prediction (DESIGN §4): on m labeled responses, compute a
+    Split conformal prediction: on m labeled responses, compute a
     nonconformity score per response, take the conformal quantile q̂ at level ``alpha``
     (per category with ``categories``: Mondrian), and turn judge scores of new,
     exchangeable responses into ranges that hold the reference reward with probability

@@ -1,6 +1,6 @@
 """Batch layouts: dense ``(B, G)`` rows and ragged flat arrays with CSR ``offsets``.
 
-Group q of a ragged batch is ``x[offsets[q]:offsets[q + 1]]`` (DESIGN §1).  The helpers
+Group q of a ragged batch is ``x[offsets[q]:offsets[q + 1]]``.  The helpers
 here build ``offsets`` from group sizes or from per-response labels (the verl ``uid``
 layout), so every public function can take whichever layout a trainer already has.
 """

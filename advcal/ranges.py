@@ -1,4 +1,4 @@
-"""Range-GRPO: advantages from pairwise relations among reward ranges (DESIGN §5).
+"""Range-GRPO: advantages from pairwise relations among reward ranges (``docs/ranges.md``).
 
 Each response i has a reward range I_i = [l_i, h_i] (conformal ranges from
 :func:`advcal.calibrate_ranges`, or a degenerate [y, y] for a labeled response).  With an

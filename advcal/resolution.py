@@ -1,4 +1,4 @@
-"""The Reward-Resolution Protocol and MaxNorm-AC (DESIGN §3, ``docs/maxnorm.md``).
+"""The Reward-Resolution Protocol and MaxNorm-AC (``docs/maxnorm.md``).
 
 * :func:`resolve_rewards` checks rewards against their bounds (or clips them), bins them
   to a resolution so that sub-resolution jitter disappears, and marks the groups whose

@@ -1,4 +1,4 @@
-"""SRGO: selective risk-gated thresholds, and the one-call SetGRPO step (DESIGN §6.3).
+"""SRGO: selective risk-gated thresholds, and the one-call SetGRPO step (``docs/setgrpo.md``).
 
 On calibration groups with a reference coefficient a_ref (from an independent scoring)
 and a grid of thresholds τ, a group is *accepted* at τ when its GGSR recovery set is

@@ -1,4 +1,4 @@
-"""Seeded, vectorized generators for coverage and risk studies (SetGRPO, DESIGN §6).
+"""Seeded, vectorized generators for coverage and risk studies (SetGRPO).
 
 Everything here draws from one ``numpy.random.Generator`` built from ``seed`` (an int, a
 ``SeedSequence`` or a ``Generator``), works on whole batches at once (a million groups of
