@@ -4,7 +4,7 @@ Every function broadcasts over arrays of ``k`` and ``n`` (and of the level), so 
 bounds a whole threshold grid.  ``n = 0`` is the *vacuous* case: no evidence, UCB 1 and
 p-value 1.  Each UCB is the exact dual of its p-value, ``ucb(k, n, delta) = inf{beta :
 risk_p_value(k, n, beta) <= delta}``, so ``ucb <= beta`` exactly when ``p <= delta``.
-scipy is imported inside the functions (a 1.2 s import).
+scipy is imported inside the functions (a slow import that ``import advcal`` avoids).
 """
 
 from __future__ import annotations

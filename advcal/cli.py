@@ -53,8 +53,8 @@ class _DemoSizes(NamedTuple):
     train: int  # training groups of the SetGRPO step
 
 
-# These sizes keep the whole `advcal demo` far under 30 s on two cores: 3 s measured with the
-# Numba kernels cached (4.3 s with --out), 24 s on the very first run, which compiles them.
+# These sizes keep the whole `advcal demo` to seconds on two cores once the Numba kernels are
+# cached; the very first run also compiles them.
 _DEMO_SIZES = _DemoSizes(coverage_splits=2000, coverage_tests=100, set_calibration=2000,
                          set_coverage=4000, risk_calibration=8000, train=2000)
 

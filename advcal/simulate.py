@@ -194,8 +194,8 @@ def _expit(x: np.ndarray) -> np.ndarray:
 def _binomial_counts(rng: np.random.Generator, levels: int, p: np.ndarray) -> np.ndarray:
     """Binomial(levels, p) by inverting the CDF with one uniform per draw.
 
-    numpy's per-element binomial sampler costs ~0.4 us a draw; with one uniform and
-    ``levels`` vectorized passes over the pmf recurrence this is several times faster.
+    numpy's binomial sampler draws element by element; one uniform per draw and ``levels``
+    vectorized passes over the pmf recurrence are several times faster.
     """
     p = np.clip(p, 1e-12, 1.0 - 1e-12)
     u = rng.random(p.shape)
