@@ -771,6 +771,7 @@ def _run_diagnose(args: argparse.Namespace) -> int:
                 reward_cols=args.reward_col, reward_weights=weights,
                 reward_agg=args.reward_agg,
                 extra_cols=() if args.second_col is None else (args.second_col,),
+                optional_cols=(_NPZ_SECOND,) if args.second_col is None else (),
                 format=args.format, on_bad_row=on_bad_row, progress=report)
     except logs.MissingDependencyError as exc:
         return fail(str(exc))
@@ -778,6 +779,8 @@ def _run_diagnose(args: argparse.Namespace) -> int:
         return fail(f"{args.file}: {exc}")
     except OSError as exc:
         return fail(f"{args.file}: cannot read ({exc.strerror or exc})")
+    second = args.second_col or (_NPZ_SECOND if log.format in ("npz", "npy") else None)
+    second = second if second in log.extra else None
     if args.singleton == "error" and log.n_singletons:
         return fail(f"{args.file}: {log.n_singletons} groups have a single response "
                     "(--singleton error)")
@@ -785,7 +788,7 @@ def _run_diagnose(args: argparse.Namespace) -> int:
         diag = scale_diagnostics(
             log.rewards, log.offsets, methods=methods,
             beta=args.beta, tau_res=args.tau_res, eps=args.eps, resolution=args.resolution,
-            reference=log.extra.get(args.second_col) if args.second_col else None,
+            reference=log.extra[second] if second else None,
         )
     except (ValueError, TypeError) as exc:
         return fail(f"{args.file}: {exc}")
@@ -811,15 +814,17 @@ def _run_diagnose(args: argparse.Namespace) -> int:
     if log.n_singletons:
         print(f"{log.n_singletons} group{'s' if log.n_singletons != 1 else ''} with a single "
               "response: no relative information, in no statistic")
-    if args.second_col is not None:
+    if second is not None:
         print("cosine = direction cosine between the weights of the two scorings")
     print(diag.table())
-    print(_legend(args.explain, args.second_col is not None))
+    print(_legend(args.explain, second is not None))
     if args.plot is not None:
         print(f"inverse-scale plot written to {args.plot}")
     return 0
 
 
+# The array of a second scoring an .npz may hold (used without --second-col).
+_NPZ_SECOND = "second"
 _NAMES = {"csv": "CSV", "jsonl": "JSON Lines", "parquet": "Parquet", "npz": ".npz",
           "npy": ".npy"}
 

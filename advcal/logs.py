@@ -61,6 +61,14 @@ class LogError(ValueError):
     """A problem with a log file or with the options that read it (a one-line message)."""
 
 
+class _RowError(LogError):
+    """A bad row with ``on_bad_row="error"`` (knows its number, to report the first)."""
+
+    def __init__(self, number: int, message: str) -> None:
+        super().__init__(message)
+        self.number = number
+
+
 class MissingDependencyError(ImportError):
     """The optional reader library is not installed (the message says what to install)."""
 
@@ -398,10 +406,15 @@ class _Digest:
     def broken(self, number: int, reason: str) -> None:
         """A row that could not be parsed at all."""
         if self.on_bad_row == "error":
-            raise LogError(f"{self.unit} {number}: {reason}")
+            raise _RowError(number, f"{self.unit} {number}: {reason}")
         self.bad += 1
-        if len(self.examples) < _EXAMPLES:
-            self.examples.append((number, reason))
+        self._example(number, reason)
+
+    def _example(self, number: int, reason: str) -> None:
+        # the first few by number (a block reports its broken lines before its bad values)
+        self.examples.append((number, reason))
+        self.examples.sort()
+        del self.examples[_EXAMPLES:]
 
     def add(self, codes: list[np.ndarray], values: list[np.ndarray],
             unparsable: Sequence[np.ndarray | None], raw: list[Any], lines: np.ndarray
@@ -428,13 +441,11 @@ class _Digest:
                 bad |= u
         if bad.any():
             rows = np.flatnonzero(bad)
-            if self.on_bad_row == "error" or len(self.examples) < _EXAMPLES:
-                for i in rows[:_EXAMPLES]:
-                    reason = self._reason(int(i), codes, values, unparsable, raw)
-                    if self.on_bad_row == "error":
-                        raise LogError(f"{self.unit} {int(lines[i])}: {reason}")
-                    if len(self.examples) < _EXAMPLES:
-                        self.examples.append((int(lines[i]), reason))
+            for i in rows[:_EXAMPLES]:
+                reason = self._reason(int(i), codes, values, unparsable, raw)
+                if self.on_bad_row == "error":
+                    raise _RowError(int(lines[i]), f"{self.unit} {int(lines[i])}: {reason}")
+                self._example(int(lines[i]), reason)
             self.bad += rows.size
             keep = ~bad
             codes = [c[keep] for c in codes]
@@ -499,6 +510,14 @@ def _floats_arrow(array: Any) -> tuple[np.ndarray, np.ndarray | None]:
     return out, np.asarray(array.is_valid().to_numpy(zero_copy_only=False), bool)
 
 
+def _mostly_numbers(values: Sequence[Any]) -> bool:
+    """Whether most non-empty values of a column's first rows are numbers (a reward
+    column with a few unparsable cells is still one)."""
+    v, bad = _floats_python(values[:1000])
+    parsed = int(np.count_nonzero(~np.isnan(v)))
+    return parsed > 0 and parsed >= 4 * int(np.count_nonzero(bad))
+
+
 def _floats_python(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     out = np.full(len(values), np.nan)
     bad = np.zeros(len(values), bool)
@@ -536,11 +555,18 @@ class _Plan:
         return tuple(dict.fromkeys(self.group_cols + self.value_cols))
 
 
-def _plan(columns: Sequence[str], numeric: Callable[[str], bool], preset: Preset | None,
+def _plan(columns: Sequence[str] | None, numeric: Callable[[str], bool], preset: Preset | None,
           explicit_preset: bool, group_cols: Sequence[str] | None,
-          reward_cols: Sequence[str] | None, extra_cols: Sequence[str], is_array: bool
-          ) -> _Plan:
+          reward_cols: Sequence[str] | None, extra_cols: Sequence[str], is_array: bool,
+          optional_cols: Sequence[str] = ()) -> _Plan:
     base = preset if preset is not None else (_DEFAULT_ARRAYS if is_array else _DEFAULT)
+    if columns is None:  # unknown: take the columns as asked
+        groups = tuple(group_cols) if group_cols else base.group_cols[-1]
+        rewards = tuple(reward_cols) if reward_cols else base.reward_cols
+        if not rewards:
+            raise LogError("no line of the file's start parses as a JSON object, so the "
+                           "reward columns are unknown; name them with --reward-col")
+        return _Plan(groups, rewards, tuple(extra_cols))
     if group_cols:
         groups = tuple(group_cols)
     else:
@@ -557,6 +583,8 @@ def _plan(columns: Sequence[str], numeric: Callable[[str], bool], preset: Preset
         if not rewards:
             raise LogError(f"no numeric reward column (columns: {_list(columns)}); name "
                            "them with --reward-col")
+    extra_cols = tuple(extra_cols) + tuple(
+        c for c in optional_cols if c in columns and c not in (*extra_cols, *rewards, *groups))
     missing = [c for c in (*groups, *rewards, *extra_cols) if c not in columns]
     if missing:
         kind = "array" if is_array else "column"
@@ -598,17 +626,27 @@ def _read_csv(path: Path, compression: str | None, plan_for: Callable[..., _Plan
     except pa.ArrowInvalid as exc:
         raise _csv_error(exc) from None
     schema = peek.schema
+    try:
+        first = peek.read_next_batch()
+    except (StopIteration, pa.ArrowInvalid):
+        first = None
     raw.close()
     numeric = {f.name for f in schema if pa.types.is_integer(f.type)
-               or pa.types.is_floating(f.type)}
+               or pa.types.is_floating(f.type)
+               or (first is not None and _mostly_numbers(first.column(f.name).to_pylist()))}
     plan = plan_for(schema.names, lambda c: c in numeric)
     digest = _Digest(plan.group_cols, plan.value_cols, len(plan.reward_cols), on_bad_row,
                      "line")
     invalid: list[int] = []  # 0-based data-row index of each row with a wrong field count
+    pending: list[_RowError] = []  # on_bad_row="error": raised once earlier rows are checked
 
     def handler(row: Any) -> str:
         number = int(row.number) if row.number is not None else -1
-        digest.broken(number, f"{row.actual_columns} fields, expected {row.expected_columns}")
+        reason = f"{row.actual_columns} fields, expected {row.expected_columns}"
+        if on_bad_row == "error":
+            pending.append(_RowError(number, f"line {number}: {reason}"))
+        else:
+            digest.broken(number, reason)
         invalid.append(number - 2)
         return "skip"
 
@@ -631,7 +669,14 @@ def _read_csv(path: Path, compression: str | None, plan_for: Callable[..., _Plan
                 s = np.asarray(invalid) - np.arange(len(invalid))
                 valid = valid + np.searchsorted(s, valid, side="right")
             seen += n
-            _digest_arrow(digest, plan, batch, valid + 2)
+            try:
+                _digest_arrow(digest, plan, batch, valid + 2)
+            except _RowError as exc:
+                if pending and pending[0].number < exc.number:
+                    raise pending[0] from None
+                raise
+            if pending:
+                raise pending[0]
             if progress is not None:
                 progress(raw.tell())
     return plan, digest
@@ -669,7 +714,7 @@ def _read_jsonl(path: Path, compression: str | None, plan_for: Callable[..., _Pl
     with raw:
         blocks = _line_blocks(stream)
         first = next(blocks, None)
-        columns: dict[str, bool] = {}  # column -> numeric in the first lines
+        columns: dict[str, list[Any]] = {}  # column -> its values in the first lines
         if first is not None:
             for line in first[0].split(b"\n")[:1000]:
                 try:
@@ -678,9 +723,11 @@ def _read_jsonl(path: Path, compression: str | None, plan_for: Callable[..., _Pl
                     continue
                 if isinstance(row, dict):
                     for k, v in row.items():
-                        num = isinstance(v, (int, float)) and not isinstance(v, bool)
-                        columns[k] = columns.get(k, True) and (num or v is None)
-        plan = plan_for(list(columns), lambda c: columns.get(c, False))
+                        columns.setdefault(k, []).append(v)
+        # no line of the first block parses: the columns are taken as asked, and every
+        # line is a bad one
+        plan = plan_for(list(columns) if columns else None,
+                        lambda c: _mostly_numbers(columns.get(c, [])))
         digest = _Digest(plan.group_cols, plan.value_cols, len(plan.reward_cols), on_bad_row,
                          "line")
         parser = _JsonBlocks(plan, digest)
@@ -790,9 +837,10 @@ class _JsonBlocks:
                    start + half)
 
     def _python(self, parts: list[bytes], start: int) -> None:
-        plan, digest = self.plan, self.digest
+        digest = self.digest
         rows: list[dict[str, Any]] = []
         lines: list[int] = []
+        broken: list[tuple[int, str]] = []
         for k, line in enumerate(parts):
             if not line.strip():
                 continue
@@ -800,21 +848,30 @@ class _JsonBlocks:
             try:
                 row = json.loads(line)
             except UnicodeDecodeError:
-                digest.broken(number, "not UTF-8 text")
+                broken.append((number, "not UTF-8 text"))
                 continue
             except RecursionError:
-                digest.broken(number, "JSON nested too deeply")
+                broken.append((number, "JSON nested too deeply"))
                 continue
             except ValueError as exc:  # broken JSON, or an integer of over 4300 digits
-                digest.broken(number, f"not valid JSON ({_first_line(exc).split(':')[0]})")
+                broken.append((number, f"not valid JSON ({_first_line(exc).split(':')[0]})"))
                 continue
             if not isinstance(row, dict):
-                digest.broken(number, f"expected a JSON object, got {type(row).__name__}")
+                broken.append((number, f"expected a JSON object, got {type(row).__name__}"))
                 continue
             rows.append(row)
             lines.append(number)
-        if not rows:
-            return
+        try:
+            if rows:
+                self._python_rows(rows, lines)
+        except _RowError as exc:  # with on_bad_row="error": the first bad line of all
+            if not broken or exc.number < broken[0][0]:
+                raise
+        for number, reason in broken:
+            digest.broken(number, reason)
+
+    def _python_rows(self, rows: list[dict[str, Any]], lines: list[int]) -> None:
+        plan, digest = self.plan, self.digest
         codes = [enc.encode_python([r.get(c) for r in rows])
                  for enc, c in zip(digest.encoders, plan.group_cols, strict=True)]
         values, unparsable, raw = [], [], []
@@ -1078,9 +1135,10 @@ def read_log(
     reward_weights: Sequence[float] | None = None,
     reward_agg: str = "sum",
     extra_cols: Sequence[str] | str = (),
+    optional_cols: Sequence[str] = (),
     format: str = "auto",
     on_bad_row: str = "skip",
-    max_bytes: int = 1 << 31,
+    max_bytes: int = 1 << 30,
     progress: Callable[[int, int], None] | None = None,
 ) -> RewardLog:
     """Read a reward log into grouped rewards.
@@ -1112,6 +1170,8 @@ def read_log(
         Further numeric columns to return in :attr:`RewardLog.extra`, aligned with the
         rewards (e.g. a second scoring of the same responses); a row where one is empty,
         NaN or not a number is a bad row.
+    optional_cols : sequence of str, default ()
+        Like ``extra_cols``, read only when the file has them.
     format : {"auto", "csv", "jsonl", "parquet", "npz", "npy"}, default "auto"
         Expected format (an error when the content shows another binary format).
     on_bad_row : {"skip", "error"}, default "skip"
@@ -1119,7 +1179,7 @@ def read_log(
         wrong number of fields or broken JSON is skipped and counted in
         :attr:`RewardLog.bad_rows` (``"skip"``), or stops the read (``"error"``).  With
         several reward columns, a row is bad only when all of them are empty or NaN.
-    max_bytes : int, default 2**31
+    max_bytes : int, default 2**30
         Largest array (``.npz``/``.npy``, checked from the headers before anything is
         decompressed) or decompressed binary file accepted.
     progress : callable(done, total), optional
@@ -1158,9 +1218,9 @@ def read_log(
     total = os.path.getsize(path)
     report = None if progress is None else (lambda done: progress(done, total))
 
-    def plan_for(columns: Sequence[str], numeric: Callable[[str], bool]) -> _Plan:
+    def plan_for(columns: Sequence[str] | None, numeric: Callable[[str], bool]) -> _Plan:
         plan = _plan(columns, numeric, preset_obj, preset is not None, groups, rewards,
-                     extras, fmt in ("npz", "npy"))
+                     extras, fmt in ("npz", "npy"), tuple(optional_cols))
         if weights is not None and len(weights) != len(plan.reward_cols):
             raise LogError(f"{len(weights)} reward weights for the {len(plan.reward_cols)} "
                            f"reward columns {', '.join(plan.reward_cols)}")

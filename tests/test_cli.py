@@ -387,33 +387,125 @@ def test_diagnose_npz(capsys, tmp_path, layout):
     assert scale_diagnostics(dense, reference=second).table() in out
 
 
+# --------------------------------------------------------------------------- presets
+
+
+def test_diagnose_verl_dump_matches_the_array_api(capsys, tmp_path):
+    from tests.test_logs import verl_rows, write_jsonl
+
+    rows = verl_rows(n_prompts=20, group=5, steps=1, seed=5)
+    lines = [json.dumps(r) for r in rows]
+    lines[2] = json.dumps({**rows[2], "score": float("nan")})  # 'line 3: ... nan'
+    lines[9] = lines[9][:25]  # a broken line
+    path = tmp_path / "1.jsonl.gz"
+    import gzip
+
+    write_jsonl(path, lines, opener=gzip.open)
+    out = run_ok(capsys, ["diagnose", str(path), "--preset", "verl"])
+    kept = [r for i, r in enumerate(rows) if i not in (2, 9)]
+    table = scale_diagnostics(np.array([r["score"] for r in kept]),
+                              group_ids=[r["input"] for r in kept]).table()
+    assert table in out
+    assert "JSON Lines, gzip; group: step + input; reward: score" in out
+    assert ("skipped 2 bad lines (line 3: empty or NaN value in column 'score'; "
+            "line 10: not valid JSON") in out
+
+
+def test_diagnose_trl_log_with_weights(capsys, tmp_path):
+    from tests.test_logs import trl_frame, trl_sum
+
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.csv as pcsv
+
+    frame = trl_frame(seed=6)
+    path = tmp_path / "completions.csv"
+    pcsv.write_csv(pa.table(frame), str(path))
+    out = run_ok(capsys, ["diagnose", str(path), "--preset", "trl", "--reward-weights",
+                          "1,0.25", "--methods", "grpo,maxnorm"])
+    expected = scale_diagnostics(trl_sum(frame, (1.0, 0.25)), group_ids=frame["prompt"],
+                                 methods=("grpo", "maxnorm"))
+    assert expected.table() in out
+    assert "reward: accuracy_reward + format_reward (sum, weights 1, 0.25)" in out
+    explicit = run_ok(capsys, ["diagnose", str(path), "--group-col", "prompt",
+                               "--reward-col", "accuracy_reward", "--reward-col",
+                               "format_reward", "--reward-weights", "1,0.25", "--methods",
+                               "grpo,maxnorm"])
+    assert expected.table() in explicit
+
+
+def test_diagnose_json_output(capsys, tmp_path):
+    out = run_ok(capsys, ["diagnose", str(good_csv(tmp_path)), "--json"])
+    result = json.loads(out)
+    diag = scale_diagnostics(np.array(REWARDS), group_ids=GROUPS)
+    assert result["responses"] == 11 and result["groups_with_2_or_more"] == 3
+    assert result["bad_rows"] == {"count": 0, "unit": "line", "first": []}
+    for name in ("grpo", "rloo", "maxnorm"):
+        got = result["methods"][name]
+        assert got["inverse_scale_p99"] == diag[name].inverse_scale_p99
+        assert got["zero_gap_fraction"] == diag[name].zero_gap_fraction
+        assert got["reward_kl_ratio"] == diag[name].reward_kl_ratio
+        assert got["direction_cosine"] is None
+
+
+def test_legend_explains_every_column(capsys, tmp_path):
+    out = run_ok(capsys, ["diagnose", str(good_csv(tmp_path)), "--second-col", "judge"])
+    legend = out[out.index("columns:"):]
+    for column in ("1/s P50..max", "zero-gap", "beta_eff min/max", "R/KL", "max|w|",
+                   "cosine"):
+        assert f"\n  {column} " in legend, column
+    assert "1/(std_q + eps)" in legend and "beta * s_q" in legend
+    assert "mean_i |w_i| / beta" in legend
+    explained = run_ok(capsys, ["diagnose", str(good_csv(tmp_path)), "--explain"])
+    assert "informative group:" in explained and "informative group:" not in out
+
+
 # --------------------------------------------------------------------------- bad files
+
+
+def test_bad_rows_are_skipped_and_reported(capsys, tmp_path):
+    path = write_csv(tmp_path / "messy.csv", "group,reward",
+                     ["a,1", "a,nan", "a,0", "b,", "b,high", "b,1", "b,0", "c"])
+    out = run_ok(capsys, ["diagnose", str(path)])
+    assert ("skipped 4 bad lines (line 3: empty or NaN value in column 'reward'; line 5: "
+            "empty or NaN value in column 'reward'; line 6: 'reward' value 'high' is not a "
+            "number; line 9: 1 fields, expected 2)") in out
+    expected = scale_diagnostics(np.array([1.0, 0.0, 1.0, 0.0]),
+                                 group_ids=["a", "a", "b", "b"])
+    assert expected.table() in out
+    err = run_bad(capsys, ["diagnose", str(path), "--strict"])
+    assert err.endswith("line 3: empty or NaN value in column 'reward'\n")
+    err = run_bad(capsys, ["diagnose", str(path), "--on-bad-row", "error"])
+    assert "line 3: empty or NaN" in err
+
+
+def test_singleton_groups_left_by_skipped_rows(capsys, tmp_path):
+    path = write_csv(tmp_path / "s.csv", "group,reward", ["a,1", "a,0", "b,1", "b,nan"])
+    out = run_ok(capsys, ["diagnose", str(path)])
+    assert "1 group with a single response: no relative information, in no statistic" in out
+    assert "1 groups with >= 2 responses, 3 responses" in out
+    err = run_bad(capsys, ["diagnose", str(path), "--singleton", "error"])
+    assert "1 groups have a single response" in err
 
 
 def test_bad_files(capsys, tmp_path):
     cases = {
         "missing.csv": (None, "no such file"),
-        "log.parquet": ("x", "unknown file extension '.parquet'"),
+        "log.parquet": ("x", "the extension says Parquet, but the content is text"),
         "empty.csv": ("", "empty file (no header row)"),
         "header.csv": ("group,reward\n", "no rows"),
-        "nocol.csv": ("group,score\na,1\n", "no column 'reward' (columns: group, score)"),
-        "text.csv": ("group,reward\na,1\na,high\n", "line 3: 'reward' value 'high' is not a "
-                     "number"),
-        "nan.csv": ("group,reward\na,1\na,nan\n", "line 3: 'reward' value 'nan' is not a "
-                    "finite number"),
-        "blank.csv": ("group,reward\na,1\na,\n", "line 3: empty value in column 'reward'"),
-        "short.csv": ("group,reward\na,1\nb\n", "line 3: empty value in column 'reward'"),
-        "bad.jsonl": ('{"group": 1, "reward": 0.5}\n{"group": 1,\n', "line 2: not valid JSON"),
+        "nocol.csv": ("group,score\na,1\n", "no column 'reward' (found: group, score); pass "
+                      "--reward-col NAME and --group-col NAME"),
+        "text.csv": ("group,reward\na,1\na,high\n", "no group with two or more responses"),
+        "allbad.csv": ("group,reward\na,x\na,nan\n", "no valid rows: skipped 2 bad lines "
+                       "(line 2: 'reward' value 'x' is not a number; line 3: empty or NaN"),
+        "bad.jsonl": ('{"group": 1,\n', "no valid rows: skipped 1 bad line (line 1: not "
+                      "valid JSON"),
         "list.jsonl": ("[1, 0.5]\n", "line 1: expected a JSON object, got list"),
-        "str.jsonl": ('{"group": 1, "reward": "0.5x"}\n',
-                      "line 1: 'reward' value '0.5x' is not a number"),
-        "null.jsonl": ('{"group": 1, "reward": null}\n', "line 1: empty value in column"),
-        "bool.jsonl": ('{"group": 1, "reward": true}\n', "line 1: 'reward' value true is not"),
-        "gid.jsonl": ('{"group": [1], "reward": 1}\n', "line 1: group id [1] is not a scalar"),
-        "nokey.jsonl": ('{"group": 1}\n', "line 1: no column 'reward' (columns: group)"),
-        "empty.jsonl": ("\n\n", "no rows"),
+        "gid.jsonl": ('{"group": [1], "reward": 1}\n', "line 1: empty group id"),
+        "nokey.jsonl": ('{"group": 1}\n', "no column 'reward' (found: group)"),
+        "empty.jsonl": ("\n\n", "empty file (no rows)"),
         "single.csv": ("group,reward\na,1\nb,0\n", "no group with two or more responses"),
-        "corrupt.npz": ("not a zip", "cannot read as .npz"),
+        "corrupt.npz": ("not a zip", "the extension says .npz, but the content is text"),
     }
     for name, (content, message) in cases.items():
         path = tmp_path / name
@@ -423,20 +515,71 @@ def test_bad_files(capsys, tmp_path):
         assert message in err, (name, err)
 
 
+def big_number_jsonl(tmp_path: Path, digits: int) -> Path:
+    path = tmp_path / f"n{digits}.jsonl"
+    path.write_text('{"group": "a", "reward": 1' + "0" * digits + "}\n", encoding="utf-8")
+    return path
+
+
+def malformed_files(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    """Each of the issue's malformed inputs: argv and a part of the one-line error."""
+    from tests.test_logs import npy_bytes, npz_with, zip_bomb
+
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"group": "a", "reward": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
+                    encoding="utf-8")
+    big_endian = tmp_path / "big.npz"
+    np.savez(big_endian, rewards=np.array([[1.0, 0.0]]).astype(">f8"),
+             offsets=np.array([0, 1]).astype(">i8"))
+    header = {"descr": "<f8", "fortran_order": False, "shape": (4,)}
+    headerless = npz_with(tmp_path / "headerless.npz", np.arange(8.0).tobytes())
+    truncated = npz_with(tmp_path / "truncated.npz", npy_bytes(header, b"\0" * 16))
+    huge = npz_with(tmp_path / "huge.npz", npy_bytes({**header, "shape": (2 ** 40,)}))
+    npy = tmp_path / "r.npy"
+    np.save(npy, np.eye(2))
+    bomb = zip_bomb(tmp_path / "bomb.npz", 4_000_000_000)
+    pickled = tmp_path / "pickle.npz"
+    np.savez(pickled, rewards=np.ones(2), group_ids=np.array([{}, 2], dtype=object))
+    broken_gz = tmp_path / "log.csv.gz"
+    broken_gz.write_bytes(b"\x1f\x8b\x08\x00" + b"junk" * 10)
+    return {
+        "400 digits": ([str(big_number_jsonl(tmp_path, 400))], "is not a finite number"),
+        "5000 digits": ([str(big_number_jsonl(tmp_path, 5000))], "is not a finite number"),
+        "nested 1e5": ([str(deep)], "line 1: JSON nested too deeply"),
+        "big-endian 2-D with offsets": ([str(big_endian)], "2-D rewards are grouped by row"),
+        "headerless": ([str(headerless)], "member 'rewards' is not a .npy array"),
+        "truncated": ([str(truncated)], "member 'rewards' is truncated"),
+        "2^40": ([str(huge)], "has shape (1099511627776,)"),
+        ".npy as npz": ([str(npy), "--format", "npz"], "the content is a .npy file, not .npz"),
+        "zip bomb": ([str(bomb)], "over the limit of"),
+        "pickle": ([str(pickled)], "never loaded"),
+        "broken gzip": ([str(broken_gz)], "cannot decompress"),
+    }
+
+
+def test_malformed_files_are_one_line_errors(capsys, tmp_path):
+    for name, (argv, message) in malformed_files(tmp_path).items():
+        err = run_bad(capsys, ["diagnose", *argv])
+        assert message in err, (name, err)
+
+
+def test_big_endian_npz_reads_like_native(capsys, tmp_path):
+    dense = np.array(REWARDS[:8]).reshape(2, 4)
+    np.savez(tmp_path / "be.npz", rewards=dense.astype(">f8"))
+    assert scale_diagnostics(dense).table() in run_ok(capsys, ["diagnose",
+                                                               str(tmp_path / "be.npz")])
+
+
 def test_bad_binary_and_npz_contents(capsys, tmp_path):
     path = tmp_path / "latin.csv"
     path.write_bytes(b"group,reward\n\xff\xfe,1\n")
     assert "not a UTF-8 text file" in run_bad(capsys, ["diagnose", str(path)])
     path = tmp_path / "nokey.npz"
     np.savez(path, scores=np.ones(3))
-    assert "no array 'rewards' (arrays: scores)" in run_bad(capsys, ["diagnose", str(path)])
-    path = tmp_path / "object.npz"
-    np.savez(path, rewards=np.array([1.0, 0.0]), group_ids=np.array([{"a": 1}, 2],
-                                                                    dtype=object))
-    assert "cannot read as .npz" in run_bad(capsys, ["diagnose", str(path)])
+    assert "no array 'rewards' (found: scores)" in run_bad(capsys, ["diagnose", str(path)])
     path = tmp_path / "nooffsets.npz"
     np.savez(path, rewards=np.array([1.0, 0.0]))
-    assert "need exactly one of `offsets` or `group_ids`" in run_bad(
+    assert "1-D rewards need exactly one of `offsets` or `group_ids`" in run_bad(
         capsys, ["diagnose", str(path)])
     path = tmp_path / "second.npz"
     np.savez(path, rewards=np.ones((2, 2)))
@@ -444,6 +587,13 @@ def test_bad_binary_and_npz_contents(capsys, tmp_path):
                                                   "judge"])
     assert "not a regular file" in run_bad(capsys, ["diagnose", str(tmp_path), "--format",
                                                     "csv"])
+
+
+def test_without_pyarrow_the_error_says_what_to_install(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import now raises ImportError
+    err = run_bad(capsys, ["diagnose", str(good_csv(tmp_path))])
+    assert err == ("advcal diagnose: error: reading reward logs needs pyarrow, which is not "
+                   "installed (pip install 'advcal[logs]')\n")
 
 
 def test_bad_options_are_one_line_errors(capsys, tmp_path):
@@ -455,6 +605,10 @@ def test_bad_options_are_one_line_errors(capsys, tmp_path):
     bad = write_csv(tmp_path / "big.csv", "group,reward", ["a,2", "a,0"])
     assert "`rewards` must lie in `bounds`" in run_bad(
         capsys, ["diagnose", str(bad), "--resolution", "0.1"])
+    assert "--reward-weights '1,x': expected comma-separated numbers" in run_bad(
+        capsys, ["diagnose", path, "--reward-weights", "1,x"])
+    assert "2 reward weights for the 1 reward columns reward" in run_bad(
+        capsys, ["diagnose", path, "--reward-weights", "1,2"])
     with pytest.raises(SystemExit) as exc:  # argparse's own usage error, exit code 2
         main(["diagnose", path, "--tau-res", "abc"])
     assert exc.value.code == 2
@@ -497,15 +651,45 @@ def test_any_file_gives_a_table_or_one_error_line(capsys, tmp_path, groups, data
 # --------------------------------------------------------------------------- plot
 
 
-def test_plot_writes_a_png(capsys, tmp_path):
+@pytest.mark.parametrize("suffix, magic", [("png", b"\x89PNG\r\n\x1a\n"), ("pdf", b"%PDF"),
+                                           ("svg", b"<?xml")])
+def test_plot_writes_the_format_its_extension_names(capsys, tmp_path, suffix, magic):
     pytest.importorskip("matplotlib")
-    png = tmp_path / "scales.png"
-    out = run_ok(capsys, ["diagnose", str(good_csv(tmp_path)), "--plot", str(png)])
-    assert f"inverse-scale plot written to {png}" in out
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plot = tmp_path / "new" / "folder" / f"scales.{suffix}"  # folders are created
+    out = run_ok(capsys, ["diagnose", str(good_csv(tmp_path)), "--plot", str(plot),
+                          "--methods", "grpo,dr_grpo,rloo,maxnorm"])
+    assert f"inverse-scale plot written to {plot}" in out
+    assert plot.read_bytes().startswith(magic)
     err = run_bad(capsys, ["diagnose", str(good_csv(tmp_path)), "--plot",
-                           str(tmp_path / "no" / "such" / "dir.png")])
-    assert "cannot write the plot" in err and "no such directory" in err
+                           str(tmp_path / "x.txt")])
+    assert "name a .png, .pdf or .svg file" in err
+
+
+def test_plot_draws_every_method_visibly(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from advcal.cli import _plot
+
+    diag = scale_diagnostics(np.array(REWARDS), group_ids=GROUPS,
+                             methods=("grpo", "dr_grpo", "rloo", "maxnorm"))
+    saved = {}
+    original = plt.close
+
+    def keep(fig):  # look at the figure before it is closed
+        saved["fig"] = fig
+        original(fig)
+
+    plt.close = keep
+    try:
+        _plot(diag, str(tmp_path / "p.png"))
+    finally:
+        plt.close = original
+    patches = saved["fig"].axes[0].patches
+    # Dr.GRPO and RLOO have the same scales: their outlines differ in style and width
+    assert len(patches) == 4
+    styles = {(p.get_linestyle(), p.get_linewidth()) for p in patches}
+    assert len(styles) == 4
 
 
 def test_plot_without_matplotlib_is_a_clear_error(capsys, tmp_path, monkeypatch):
@@ -514,6 +698,25 @@ def test_plot_without_matplotlib_is_a_clear_error(capsys, tmp_path, monkeypatch)
                            str(tmp_path / "x.png")])
     assert "--plot needs matplotlib, which is not installed" in err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_read_progress_shows_only_after_the_delay(monkeypatch):
+    import advcal.cli as cli
+
+    stream = io.StringIO()
+    monkeypatch.setattr(cli.sys, "stderr", stream)
+    now = [0.0]
+    monkeypatch.setattr(cli.time, "perf_counter", lambda: now[0])
+    report, bar = cli._read_progress("reading x", enabled=True)
+    now[0] = 0.5
+    report(10, 100)  # at 0.5 s: nothing
+    assert stream.getvalue() == ""
+    now[0] = 3.0
+    report(50, 100)  # at 3 s: the bar
+    assert "reading x [" in stream.getvalue() and "50%" in stream.getvalue()
+    silent, _ = cli._read_progress("reading y", enabled=False)
+    silent(50, 100)
+    assert "reading y" not in stream.getvalue()
 
 
 # --------------------------------------------------------------------------- installed script
