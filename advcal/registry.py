@@ -58,7 +58,7 @@ from advcal.estimators import (
     rloo,
 )
 from advcal.ranges import _range_entry, range_advantages
-from advcal.resolution import _maxnorm_groups, maxnorm
+from advcal.resolution import maxnorm
 
 __all__ = [
     "ANALYTIC",
@@ -270,8 +270,8 @@ def _gpg_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSett
 def _maxnorm_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,
                    options: dict[str, Any]) -> Scaled:
     options = {"tau_res": settings.tau_res, "resolution": settings.resolution, **options}
-    result = _maxnorm_groups(values, offsets, backend=settings.backend, **options)
-    return Scaled(result.flat, result.scale, result.keep)
+    result = maxnorm(values, offsets, backend=settings.backend, return_scale=True, **options)
+    return Scaled(result.advantages, result.scale, result.keep)
 
 
 def _range_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,

@@ -21,6 +21,8 @@ from advcal import (
     scale_diagnostics,
 )
 from advcal.cli import demo_reward_log
+from advcal.diagnostics import DIAGNOSED_METHODS
+from advcal.registry import REGISTRY, DiagnosticSettings
 from tests.checks import own_error_or_result
 from tests.strategies import FLOAT_DTYPES, garbage_arrays, ragged_batches
 
@@ -333,3 +335,130 @@ def test_sizes_helper_used_in_examples():
     offsets = offsets_from_sizes([2, 3])
     diag = scale_diagnostics([0.0, 1.0, 0.2, 0.2, 0.2], offsets, methods=("maxnorm",))
     assert diag["maxnorm"].zero_gap_fraction == 0.5
+
+
+# --------------------------------------------------------------------------- every estimator
+
+# Ragged hand example: A = [1, 0, 0, 0] (mean 1/4, u = [3/4, -1/4, -1/4, -1/4], sum u^2 = 3/4,
+# std 1/2), B = [1/2, 1/2] (constant), C = [3, 1] (mean 2, u = [1, -1], std sqrt 2).  The
+# batch of 8 has mean 3/4 and sum of squared deviations 7, so its std (ddof 1) is 1; 5 of
+# the 8 rewards are nonzero.
+HAND = np.array([1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 3.0, 1.0])
+HAND_OFFSETS = np.array([0, 4, 6, 8])
+HAND_LENGTHS = np.array([1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 1.0, 3.0])
+HAND_OPTIONS = {"reinforce_pp_baseline": {"eps": 0.0}, "opo": {"lengths": HAND_LENGTHS}}
+U = np.array([0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 1.0, -1.0])  # group-centred rewards
+# Per estimator: (its u, its scale s_q of groups A, B, C, its informative groups).  B is
+# constant, so nobody learns from it; s_B is whatever the estimator's rule gives.
+HAND_SCALES = {
+    "grpo": (U, [0.5, 0.0, math.sqrt(2.0)], [True, False, True]),
+    "dr_grpo": (U, [1.0, 1.0, 1.0], [True, False, True]),
+    # u = r - mean of the others: A: 1 - 0, 0 - 1/3; C: 3 - 1, 1 - 3.
+    "rloo": (np.array([1.0, -1 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 2.0, -2.0]), [1.0, 1.0, 1.0],
+             [True, False, True]),
+    "batch_std": (U, [1.0, 1.0, 1.0], [True, False, True]),
+    # Unit token counts: m = 0 (every group's u sums to 0); v = (3/4 + 2) / 8 * 8/7 = 11/28.
+    "reinforce_pp_baseline": (U, [math.sqrt(11 / 28)] * 3, [True, False, True]),
+    # C's lengths 1, 3: baseline (3 + 3) / 4 = 3/2, u = [3/2, -1/2].
+    "opo": (np.array([0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 1.5, -0.5]), [1.0, 1.0, 1.0],
+            [True, False, True]),
+    "gpg": (U, [5 / 8] * 3, [True, False, True]),
+    # The best response gets r_max - r_2nd: A 1 - 0, C 3 - 1.
+    "passk": (np.array([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0]), [0.5, 0.0, math.sqrt(2.0)],
+              [True, False, True]),
+    # RLOO baseline: A [1, -1/3, ...], max |u| = 1; C [2, -2]; B gets tau_res.
+    "maxnorm": (np.array([1.0, -1 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 2.0, -2.0]),
+                [1.0, 0.01, 2.0], [True, False, True]),
+    "range": (U, [1.0, 1.0, 1.0], [True, False, True]),
+}
+
+
+def hand_weights(u, scale):
+    """u / s_q response by response (0 where s_q = 0: only the constant group B)."""
+    s = np.repeat(np.asarray(scale, dtype=np.float64), [4, 2, 2])
+    return np.divide(u, s, out=np.zeros_like(u), where=s > 0)
+
+
+def test_hand_scales_cover_the_registry():
+    assert tuple(HAND_SCALES) == tuple(advcal.ESTIMATORS) == DIAGNOSED_METHODS
+
+
+@pytest.mark.parametrize("method", tuple(HAND_SCALES))
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_every_estimator_has_its_hand_derived_scale(method, backend):
+    u, scale, informative = HAND_SCALES[method]
+    settings = DiagnosticSettings(eps=0.0, tau_res=0.01, resolution=None, backend=backend)
+    got = REGISTRY[method].scale(HAND, HAND_OFFSETS, settings,
+                                 dict(HAND_OPTIONS.get(method, {})))
+    np.testing.assert_allclose(got.scale, scale, rtol=1e-12)
+    np.testing.assert_array_equal(got.informative, informative)
+    # The weights are u / s_q, group by group.
+    np.testing.assert_allclose(got.weights, hand_weights(u, scale), rtol=1e-12, atol=1e-15)
+
+
+def test_scale_diagnostics_takes_every_registered_estimator():
+    diag = scale_diagnostics(HAND, HAND_OFFSETS, methods=tuple(advcal.ESTIMATORS), eps=0.0,
+                             options=HAND_OPTIONS, beta=0.5)
+    assert tuple(diag.methods) == tuple(advcal.ESTIMATORS)
+    for method, (u, scale, informative) in HAND_SCALES.items():
+        d = diag[method]
+        kept = np.asarray(scale)[informative]
+        np.testing.assert_allclose(d.inverse_scale, 1.0 / kept, rtol=1e-12)
+        np.testing.assert_allclose([d.beta_eff_min, d.beta_eff_max],
+                                   [0.5 * kept.min(), 0.5 * kept.max()], rtol=1e-12)
+        assert d.zero_gap_fraction == pytest.approx(1 / 3)
+        # R/KL = mean over informative groups of mean_i |w_i| / beta.
+        w = np.abs(hand_weights(u, scale))
+        per_group = np.array([w[:4].mean(), w[6:].mean()])
+        assert d.reward_kl_ratio == pytest.approx(per_group.mean() / 0.5, rel=1e-12)
+    assert "reinforce_pp_baseline" in diag.table()
+
+
+def test_defaults_without_options():
+    # Without lengths OPO's baseline is the group mean (Dr.GRPO's weights), and range takes
+    # the points as ranges [r, r] (Dr.GRPO's weights too).
+    diag = scale_diagnostics(HAND, HAND_OFFSETS, methods=("opo", "range", "dr_grpo"),
+                             reference=HAND[::-1].copy())
+    assert diag["opo"].reward_kl_ratio == diag["dr_grpo"].reward_kl_ratio
+    assert diag["range"].direction_cosine == pytest.approx(diag["dr_grpo"].direction_cosine)
+
+
+def test_range_with_ranges_skips_groups_without_direction():
+    lo = np.array([0.0, 0.5, 0.2, 0.9])
+    hi = np.array([0.6, 0.7, 0.4, 1.0])
+    # Group 1 ranges overlap (no direction); group 2's are disjoint: A = [-0.25, 0.25].
+    diag = scale_diagnostics(np.array([0.3, 0.6, 0.3, 0.95]), [0, 2, 4], methods=("range",),
+                             options={"range": {"lo": lo, "hi": hi}})
+    assert diag["range"].zero_gap_fraction == 0.5
+    assert diag["range"].max_abs_weight == pytest.approx(0.25)
+
+
+def test_passk_skips_a_tie_for_the_best_reward():
+    diag = scale_diagnostics([[1.0, 1.0, 0.0], [1.0, 0.5, 0.0]], methods=("passk",), eps=0.0)
+    assert diag["passk"].zero_gap_fraction == 0.5
+    np.testing.assert_allclose(diag["passk"].inverse_scale, [2.0])  # std of [1, 0.5, 0] = 1/2
+
+
+def test_per_method_options_are_gathered_into_group_order():
+    # The same batch by group_ids in a shuffled order: per-response options follow.
+    perm = np.array([6, 0, 4, 1, 7, 2, 5, 3])
+    labels = np.repeat([0, 1, 2], [4, 2, 2])
+    by_ids = scale_diagnostics(HAND[perm], group_ids=labels[perm], methods=("opo",),
+                               options={"opo": {"lengths": HAND_LENGTHS[perm]}})
+    by_offsets = scale_diagnostics(HAND, HAND_OFFSETS, methods=("opo",),
+                                   options={"opo": {"lengths": HAND_LENGTHS}})
+    assert by_ids["opo"].reward_kl_ratio == pytest.approx(by_offsets["opo"].reward_kl_ratio)
+
+
+@pytest.mark.parametrize(("options", "error", "message"), [
+    ([1], TypeError, r"`options` must be a mapping of method name to keyword options"),
+    ({"gpg": {}}, ValueError, r"`options` has keywords for 'gpg', which is not one of"),
+    ({"opo": 3}, TypeError, r"`options\['opo'\]` must be a mapping of keywords; got int\."),
+    ({"opo": {"lengths": [1.0]}}, ValueError,
+     r"`options\['opo'\]\['lengths'\]` must have shape \(8,\); got \(1,\)\."),
+    ({"opo": {"backend": "numpy"}}, ValueError, r"must not set 'backend'"),
+    ({"range": {"lo": HAND}}, TypeError, r"needs both `lo` and `hi`, or neither"),
+])
+def test_options_errors(options, error, message):
+    with pytest.raises(error, match=message):
+        scale_diagnostics(HAND, HAND_OFFSETS, methods=("opo", "range"), options=options)
