@@ -57,6 +57,20 @@ def check_real(
     return value
 
 
+def check_bounds(bounds: Any, name: str = "bounds") -> tuple[float, float]:
+    """Return ``bounds`` as a pair of finite floats ``(lo, hi)`` with ``lo < hi``."""
+    message = f"`{name}` must be a pair (lo, hi) of finite numbers with lo < hi"
+    try:
+        lo, hi = bounds
+    except (TypeError, ValueError):
+        raise TypeError(f"{message}; got {bounds!r}.") from None
+    lo = check_real(lo, f"{name}[0]")
+    hi = check_real(hi, f"{name}[1]")
+    if not lo < hi:
+        raise ValueError(f"{message}; got ({lo!r}, {hi!r}).")
+    return lo, hi
+
+
 def check_int(value: Any, name: str, *, choices: Sequence[int] | None = None) -> int:
     """Return ``value`` as a Python int, optionally restricted to ``choices``."""
     if type(value) is not int:

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from advcal._validation import as_float_array, check_choice, check_int, check_real
+from advcal._validation import as_float_array, check_bounds, check_choice, check_int, check_real
 
 __all__ = [
     "conformal_rank",
@@ -446,7 +446,7 @@ def calibrate_ranges(
     """
     method = check_choice(method, "method", RANGE_METHODS)
     alpha = _check_alpha(alpha)
-    low, high = _check_bounds(bounds)
+    low, high = check_bounds(bounds)
     if reference is None:
         raise TypeError("`reference` must be an array of reference rewards; got None.")
     inputs = _score_inputs(method, judge, sigma, lower, upper, reference)
@@ -468,15 +468,3 @@ def calibrate_ranges(
         labels_per_score = _frozen(per_score)
     return RangeCalibration(method, alpha, (low, high), MappingProxyType(radius),
                             _frozen(scores), labels_per_score)
-
-
-def _check_bounds(bounds: Any) -> tuple[float, float]:
-    try:
-        low, high = bounds
-    except (TypeError, ValueError):
-        raise TypeError("`bounds` must be a pair (low, high).") from None
-    low = check_real(low, "bounds[0]")
-    high = check_real(high, "bounds[1]")
-    if not low < high:
-        raise ValueError(f"`bounds` must satisfy low < high; got ({low!r}, {high!r}).")
-    return low, high

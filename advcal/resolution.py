@@ -28,6 +28,7 @@ from advcal._validation import (
     Batch,
     as_batch,
     as_policy_batch,
+    check_bounds,
     check_choice,
     check_real,
     raise_bad_values,
@@ -98,19 +99,6 @@ def _check_bool(value: Any, name: str) -> bool:
     return bool(value)
 
 
-def _check_bounds(bounds: Any) -> tuple[float, float]:
-    message = "`bounds` must be a pair (lo, hi) of finite numbers with lo < hi"
-    try:
-        lo, hi = bounds
-    except (TypeError, ValueError):
-        raise TypeError(f"{message}; got {bounds!r}.") from None
-    lo = check_real(lo, "bounds[0]")
-    hi = check_real(hi, "bounds[1]")
-    if not lo < hi:
-        raise ValueError(f"{message}; got ({lo!r}, {hi!r}).")
-    return lo, hi
-
-
 def _protocol_iv(resolution: Any, bounds: Any, clip: Any) -> _Protocol:
     """Validate the Reward-Resolution Protocol options (``bounds=None``: unbounded)."""
     clip = _check_bool(clip, "clip")
@@ -119,7 +107,7 @@ def _protocol_iv(resolution: Any, bounds: Any, clip: Any) -> _Protocol:
             raise ValueError("`clip=True` needs `bounds` to clip into.")
         lo, hi = -math.inf, math.inf
     else:
-        lo, hi = _check_bounds(bounds)
+        lo, hi = check_bounds(bounds)
     if resolution is None:
         return _Protocol(lo, hi, clip, 0.0, 0.0, 0.0, bounds is not None)
     width = hi - lo

@@ -342,8 +342,9 @@ def test_the_coverage_check_rejects_a_naive_quantile():
         ({"alpha": 0.1, "method": "normalized", "sigma": [1.0]}, ValueError,
          r"`sigma` must have shape \(2,\); got \(1,\)\."),
         ({"alpha": 0.1, "bounds": (1.0, 0.0)}, ValueError,
-         r"`bounds` must satisfy low < high; got \(1\.0, 0\.0\)\."),
-        ({"alpha": 0.1, "bounds": 1.0}, TypeError, r"`bounds` must be a pair \(low, high\)\."),
+         r"`bounds` must be a pair \(lo, hi\) of finite numbers with lo < hi; "
+         r"got \(1\.0, 0\.0\)\."),
+        ({"alpha": 0.1, "bounds": 1.0}, TypeError, r"`bounds` must be a pair \(lo, hi\)"),
         ({"alpha": 0.1, "bounds": (0.0, 0.5)}, ValueError,
          r"`reference` must lie within `bounds` \[0\.0, 0\.5\]\."),
         ({"alpha": 0.1, "categories": ["a"]}, ValueError,
