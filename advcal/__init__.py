@@ -19,6 +19,7 @@ from advcal.diagnostics import (
     direction_cosine,
     scale_diagnostics,
 )
+from advcal.drift import CalibrationDrift, calibration_drift
 from advcal.estimators import (
     batch_std,
     dr_grpo,
@@ -46,6 +47,7 @@ from advcal.sets import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CalibrationDrift",
     "CoefficientSets",
     "ESTIMATORS",
     "GroupIndex",
@@ -63,6 +65,7 @@ __all__ = [
     "batch_std",
     "calibrate_ranges",
     "calibrate_sets",
+    "calibration_drift",
     "coefficient_jacobian",
     "coefficient_sets",
     "conformal_quantile",

@@ -1,0 +1,165 @@
+"""calibration_drift: coverage of a calibration on fresh paired scorings, seeded statistics."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import advcal
+from advcal import (
+    CalibrationDrift,
+    calibrate_ranges,
+    calibrate_sets,
+    calibration_drift,
+    conformal_rank,
+)
+from advcal.simulate import paired_scorings
+
+ALPHA = 0.1
+Z = 4.0  # tolerance in standard errors: a handful of checks per test
+
+
+def band(m: int, n: int, alpha: float) -> tuple[float, float]:
+    """Mean and standard deviation of the coverage of n fresh units under no drift: a
+    calibration covers with probability C ~ Beta(k, m + 1 - k), then Binomial(n, C)."""
+    k = conformal_rank(m, alpha)
+    p = k / (m + 1)
+    between = p * (1 - p) / (m + 2)
+    return p, math.sqrt(between + (p * (1 - p) - between) / n)
+
+
+def judge_log(n: int, noise: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    reference = rng.beta(2.0, 2.0, n)
+    return reference + rng.normal(0.0, noise, n), reference
+
+
+@pytest.fixture(scope="module")
+def set_cal() -> advcal.SetCalibration:
+    return calibrate_sets(*paired_scorings(2000, 8, scale=0.02, seed=0).scores, alpha=ALPHA)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sets_no_drift(set_cal: advcal.SetCalibration, seed: int) -> None:
+    fresh = paired_scorings(1000, 8, scale=0.02, seed=seed)
+    out = calibration_drift(set_cal, fresh.a, fresh.b)
+    assert isinstance(out, CalibrationDrift)
+    assert out.n == 1000 and out.covered == int(out.inside.sum())
+    assert out.coverage == out.covered / out.n and out.target == pytest.approx(0.9)
+    mean, sd = band(set_cal.m, out.n, ALPHA)
+    assert abs(out.coverage - mean) <= Z * sd
+    assert out.p_value > 1e-3 and out.p_value_exchangeable > 1e-3
+    lo, hi = out.interval
+    assert lo <= out.coverage <= hi
+
+
+@pytest.mark.parametrize(("scale", "noise"), [(0.03, "gaussian"), (0.05, "heteroscedastic")])
+def test_sets_drift_detected(set_cal: advcal.SetCalibration, scale: float, noise: str) -> None:
+    # A noisier grader than at calibration: the second scoring leaves the sets.
+    fresh = paired_scorings(300, 8, scale=scale, noise=noise, seed=4)
+    out = calibration_drift(set_cal, fresh.a, fresh.b)
+    assert out.coverage < 0.9
+    assert out.p_value < 1e-6 and out.p_value_exchangeable < 1e-6
+    assert out.interval[1] < out.target
+
+
+def test_sets_ragged_layout_matches_dense(set_cal: advcal.SetCalibration) -> None:
+    fresh = paired_scorings(50, 8, scale=0.02, seed=5)
+    dense = calibration_drift(set_cal, fresh.a, fresh.b)
+    offsets = np.arange(0, 401, 8)
+    flat = calibration_drift(set_cal, fresh.a.reshape(-1), fresh.b.reshape(-1), offsets)
+    assert flat.covered == dense.covered
+    np.testing.assert_array_equal(flat.inside, dense.inside)
+
+
+def test_sets_membership_matches_contains(set_cal: advcal.SetCalibration) -> None:
+    # The drift check counts T(r') in the set exactly as coefficient_sets(...).contains does.
+    fresh = paired_scorings(400, 8, scale=0.02, seed=6)
+    sets = advcal.coefficient_sets(fresh.a, calibration=set_cal)
+    expected = sets.contains(advcal.grpo(fresh.b))
+    out = calibration_drift(set_cal, fresh.a, fresh.b)
+    assert (out.inside != expected).sum() <= 1  # only a rounding tie at d = rho may differ
+
+
+def test_exchangeable_p_value_is_valid() -> None:
+    """Under no drift P(p <= level) <= level: count rejections over seeded repetitions."""
+    trials, level = 300, 0.1
+    rejections = {"exchangeable": 0, "binomial": 0}
+    for t in range(trials):
+        cal = calibrate_sets(*paired_scorings(100, 4, scale=0.05, seed=[7, t]).scores,
+                             alpha=0.2)
+        fresh = paired_scorings(100, 4, scale=0.05, seed=[8, t])
+        out = calibration_drift(cal, fresh.a, fresh.b)
+        rejections["exchangeable"] += out.p_value_exchangeable <= level
+        rejections["binomial"] += out.p_value <= level
+    limit = stats.binom.isf(1e-4, trials, level)
+    assert rejections["exchangeable"] <= limit
+    # With n = m the binomial test also sees the calibration's own luck: it rejects more
+    # often than the level (documented; the exchangeable p-value is the valid one).
+    assert rejections["binomial"] >= rejections["exchangeable"]
+
+
+def test_ranges_no_drift_and_drift() -> None:
+    judge, ref = judge_log(2000, 0.05, seed=10)
+    cal = calibrate_ranges(judge, ref, alpha=ALPHA)
+    same = calibration_drift(cal, *judge_log(1500, 0.05, seed=11))
+    mean, sd = band(cal.scores.size, same.n, ALPHA)
+    assert abs(same.coverage - mean) <= Z * sd
+    assert same.p_value > 1e-3 and same.p_value_exchangeable > 1e-3
+    worse = calibration_drift(cal, *judge_log(1500, 0.1, seed=12))
+    assert worse.p_value < 1e-6 and worse.coverage < 0.85
+
+
+def test_ranges_mondrian_and_methods() -> None:
+    judge, ref = judge_log(600, 0.05, seed=13)
+    cats = np.where(np.arange(600) % 3 == 0, "hard", "easy")
+    cal = calibrate_ranges(judge, ref, alpha=ALPHA, categories=cats)
+    fj, fr = judge_log(300, 0.05, seed=14)
+    fc = np.where(np.arange(300) % 3 == 0, "hard", "easy")
+    out = calibration_drift(cal, fj, fr, categories=fc)
+    assert out.n == 300 and math.isnan(out.p_value_exchangeable)
+    lo, hi = cal.ranges(fj, categories=fc)
+    assert out.covered == int(((lo <= fr) & (fr <= hi)).sum())
+    cqr = calibrate_ranges(None, ref, alpha=ALPHA, method="cqr", lower=judge - 0.05,
+                           upper=judge + 0.05)
+    res = calibration_drift(cqr, None, fr, lower=fj - 0.05, upper=fj + 0.05)
+    assert 0.8 < res.coverage <= 1.0
+
+
+def test_infinite_radius_always_covers() -> None:
+    cal = calibrate_sets(*paired_scorings(5, 4, scale=0.05, seed=0).scores, alpha=0.1)
+    assert cal.rho == math.inf
+    fresh = paired_scorings(20, 4, scale=0.5, seed=1)
+    out = calibration_drift(cal, fresh.a, fresh.b)
+    assert out.coverage == 1.0 and out.p_value_exchangeable == 1.0
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"calibration": "cal"}, TypeError, "`calibration` must be"),
+    ({"sigma": np.ones(4)}, ValueError, "`sigma` is for a RangeCalibration"),
+    ({"confidence": 1.0}, ValueError, "`confidence`"),
+    ({"scores_b": np.full((3, 4), np.nan)}, ValueError, "`scores_b` must be finite"),
+    ({"scores_b": np.ones((3, 5))}, ValueError, "scores_b"),
+    ({"scores_a": np.ones((3, 1)), "scores_b": np.ones((3, 1))}, ValueError, "at least one"),
+])
+def test_bad_input(set_cal: advcal.SetCalibration, kwargs: dict[str, Any], error: type,
+                   match: str) -> None:
+    fresh = paired_scorings(3, 4, scale=0.02, seed=0)
+    args: dict[str, Any] = {"calibration": set_cal, "scores_a": fresh.a, "scores_b": fresh.b}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        calibration_drift(args.pop("calibration"), args.pop("scores_a"), args.pop("scores_b"),
+                          **args)
+
+
+def test_range_bad_input() -> None:
+    judge, ref = judge_log(50, 0.05, seed=0)
+    cal = calibrate_ranges(judge, ref, alpha=0.2)
+    with pytest.raises(ValueError, match="`offsets` is for a SetCalibration"):
+        calibration_drift(cal, judge, ref, np.array([0, 50]))
+    with pytest.raises(ValueError, match="`scores_b` .* must have shape"):
+        calibration_drift(cal, judge, ref[:10])
