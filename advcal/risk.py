@@ -6,7 +6,8 @@ non-empty, and a *reversal* when accepted and a(η*)ᵀ K a_ref < 0.  Acceptance
 at the reference scoring, so given which groups are accepted the reversals are
 Bernoulli(R(τ)) draws and a binomial upper confidence bound on the conditional risk
 R(τ) is valid.  :func:`select_threshold` makes the bounds simultaneously valid over the
-grid (Bonferroni, or fixed-sequence testing from the strictest non-vacuous threshold) and
+grid (Bonferroni, or fixed-sequence testing from the strictest threshold whose acceptance
+count could be certified at all) and
 picks the risk-feasible threshold with the largest cumulative recovery Σ_q η*_q(τ).
 :func:`setgrpo` then runs JRSC + GGSR on a training batch at that threshold.
 """
@@ -19,6 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
+from advcal.bounds import BOUNDS, risk_p_value, ucb
 from advcal.recovery import (
     Recovery,
     _check_sets,
@@ -31,7 +33,6 @@ from advcal.sets import CoefficientSets, SetCalibration, coefficient_sets
 
 __all__ = ["ThresholdSelection", "select_threshold", "setgrpo"]
 
-BOUNDS = ("clopper-pearson", "hoeffding", "bentkus", "hoeffding-bentkus")
 PROCEDURES = ("bonferroni", "fixed-sequence")
 
 
@@ -50,14 +51,16 @@ class ThresholdSelection(NamedTuple):
         R̂ = k_rev / n_acc (NaN for vacuous thresholds, n_acc = 0).
     ucb : ndarray, shape (T,)
         Upper confidence bound on the conditional risk at the per-test level ``level``
-        (1 for vacuous thresholds).
+        (1 for vacuous thresholds): the dual of ``p_value``, so ``ucb <= beta`` exactly
+        when ``p_value <= level``.
     p_value : ndarray, shape (T,)
         Learn-then-Test p-value of "R(τ) > β" (1 for vacuous thresholds).
     recovery : ndarray, shape (T,)
         Cumulative recovery Σ_q η*_q(τ) over the calibration groups.
     feasible : ndarray of bool, shape (T,)
-        Certified risk-feasible by the procedure (UCB ≤ β, and for fixed-sequence every
-        stricter non-vacuous threshold certified too).
+        Certified risk-feasible by the procedure: p-value ≤ ``level`` (equivalently
+        UCB ≤ β), and for fixed-sequence every threshold between the start of the
+        sequence and this one certified too.
     level : float
         Per-threshold error level: δ/T (Bonferroni) or δ (fixed sequence).
     """
@@ -105,6 +108,52 @@ def _select_iv(sets: Any, gram: Any, reference: Any, thresholds: Any, beta: Any,
     return sets, gram_flat, ref, taus, beta, delta
 
 
+def _sequence_start(n_acc: np.ndarray, beta: float, level: float, bound: str) -> int:
+    """Index of the strictest threshold whose n_acc could be certified at all.
+
+    That is the first with p(0 reversals, n_acc, β) ≤ level (for Clopper-Pearson
+    n_acc ≥ log δ / log(1 − β)); ``len(n_acc)`` if none.  It reads only the acceptance
+    counts, never the reference scoring, so the fixed sequence may start there.
+    """
+    possible = np.flatnonzero(risk_p_value(0, n_acc, beta, bound=bound) <= level)
+    return int(possible[0]) if possible.size else n_acc.size
+
+
+def _feasible(n_acc: np.ndarray, p_values: np.ndarray, beta: float, level: float,
+              bound: str, procedure: str) -> np.ndarray:
+    """Certified thresholds (table strict → loose) under ``procedure``."""
+    certified = p_values <= level
+    if procedure == "bonferroni":
+        return certified
+    # Fixed sequence: walk looser from the start, stopping at the first not certified.
+    start = _sequence_start(n_acc, beta, level, bound)
+    walk = certified[start:]
+    stop = start + (int(np.argmin(walk)) if not walk.all() else walk.size)
+    feasible = np.zeros(n_acc.size, dtype=bool)
+    feasible[start:stop] = True
+    return feasible
+
+
+def _selection(taus: np.ndarray, n_acc: np.ndarray, k_rev: np.ndarray, recovery: np.ndarray,
+               beta: float, delta: float, bound: str, procedure: str) -> ThresholdSelection:
+    """The SRGO table and decision from the counts (taus strict → loose)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        risk = np.where(n_acc > 0, k_rev / np.maximum(n_acc, 1), np.nan)
+    level = delta / taus.size if procedure == "bonferroni" else delta
+    bounds = np.asarray(ucb(k_rev, n_acc, level, bound=bound), dtype=np.float64).reshape(-1)
+    p_values = np.asarray(risk_p_value(k_rev, n_acc, beta, bound=bound),
+                          dtype=np.float64).reshape(-1)
+    # The p-value decides; the UCB beside it is its exact dual, so the columns agree.
+    feasible = _feasible(n_acc, p_values, beta, level, bound, procedure)
+    tau_sel: float | None = None
+    if feasible.any():
+        candidates = np.flatnonzero(feasible)
+        best = candidates[np.argmax(recovery[candidates])]  # first max: the strictest
+        tau_sel = float(taus[best])
+    return ThresholdSelection(tau_sel, taus, n_acc, k_rev, risk, bounds, p_values, recovery,
+                              feasible, float(level))
+
+
 def select_threshold(
     sets: CoefficientSets,
     gram: ArrayLike,
@@ -138,9 +187,12 @@ def select_threshold(
         Binomial upper confidence bound (:func:`advcal.ucb`).
     procedure : {"bonferroni", "fixed-sequence"}, default "bonferroni"
         ``"bonferroni"``: each threshold certified at δ/T (valid whatever the shape of the
-        risk curve).  ``"fixed-sequence"``: Learn-then-Test at full δ, walking from the
-        strictest non-vacuous threshold toward looser ones and stopping at the first
-        UCB > β.
+        risk curve).  ``"fixed-sequence"``: Learn-then-Test at full δ, starting at the
+        strictest threshold whose acceptance count could be certified at all (zero
+        reversals would give p ≤ δ), walking toward looser ones and stopping at the
+        first not certified.  The start depends only on the acceptance counts, which
+        never look at the reference scoring, so the guarantee is that of a sequence
+        fixed in advance (see the SetGRPO docs page for the proof).
     backend : {"numba", "numpy"}, default "numba"
         Recovery engine.
 
@@ -165,8 +217,6 @@ def select_threshold(
     """
     sets, gram_flat, ref, taus, beta, delta = _select_iv(
         sets, gram, reference, thresholds, beta, delta, bound, procedure, backend)
-    from advcal.bounds import risk_p_value, ucb
-
     raw = _run_recovery(sets, gram_flat, taus, ref, backend)
     accepted = raw.accepted
     eta = np.where(accepted, raw.eta, 0.0)
@@ -174,30 +224,7 @@ def select_threshold(
     reversal = accepted & (dot < 0)
     n_acc = accepted.sum(axis=0).astype(np.int64)
     k_rev = reversal.sum(axis=0).astype(np.int64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        risk = np.where(n_acc > 0, k_rev / np.maximum(n_acc, 1), np.nan)
-    recovery = eta.sum(axis=0)
-    level = delta / taus.size if procedure == "bonferroni" else delta
-    bounds = np.asarray(ucb(k_rev, n_acc, level, bound=bound), dtype=np.float64).reshape(-1)
-    p_values = np.asarray(risk_p_value(k_rev, n_acc, beta, bound=bound),
-                          dtype=np.float64).reshape(-1)
-    certified = (n_acc > 0) & (bounds <= beta)
-    if procedure == "fixed-sequence":
-        feasible = np.zeros(taus.size, dtype=bool)
-        nonvacuous = np.flatnonzero(n_acc > 0)
-        for j in range(int(nonvacuous[0]) if nonvacuous.size else taus.size, taus.size):
-            if not certified[j]:
-                break
-            feasible[j] = True
-    else:
-        feasible = certified
-    tau_sel: float | None = None
-    if feasible.any():
-        candidates = np.flatnonzero(feasible)
-        best = candidates[np.argmax(recovery[candidates])]  # first max: the strictest
-        tau_sel = float(taus[best])
-    return ThresholdSelection(tau_sel, taus, n_acc, k_rev, risk, bounds, p_values, recovery,
-                              feasible, float(level))
+    return _selection(taus, n_acc, k_rev, eta.sum(axis=0), beta, delta, bound, procedure)
 
 
 def setgrpo(
