@@ -73,3 +73,13 @@ def test_api_page_covers_every_public_module() -> None:
                and inspect.getmodule(obj) is not None}
     missing = sorted(m for m in modules if f"::: {m}\n" not in page)
     assert not missing, f"docs/api.md has no section for {missing}"
+
+
+def test_reader_facing_text_does_not_cite_the_internal_spec() -> None:
+    # The pages, README, notebooks and public modules' docstrings must stand alone: a reader
+    # of the site or of help() cannot open the project's internal specification.
+    paths = [ROOT / "README.md", *DOCS.glob("*.md"), *(ROOT / "notebooks").glob("*.py"),
+             *(ROOT / "advcal").glob("*.py")]
+    citing = [str(path.relative_to(ROOT)) for path in paths
+              if "DESIGN" in path.read_text(encoding="utf-8")]
+    assert not citing, f"cite DESIGN (the internal spec): {citing}"
