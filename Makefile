@@ -78,5 +78,10 @@ ifneq ($(CI),)
 endif
 	ADVCAL_SITE_DIR=site $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_site_math.py
 
+# Also the compiled kernels numba cached (advcal/_kernels/caching.py says where): in the tree,
+# under $NUMBA_CACHE_DIR, and in the user cache directory.
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find advcal \( -name '*.nbi' -o -name '*.nbc' \) -delete
+	find advcal -path '*/__pycache__/kernels-*' -prune -type d -exec rm -rf {} +
+	rm -rf "$${XDG_CACHE_HOME:-$$HOME/.cache}/advcal" $(if $(NUMBA_CACHE_DIR),"$(NUMBA_CACHE_DIR)/advcal")

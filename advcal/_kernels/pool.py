@@ -33,9 +33,9 @@ def compile_serial(loop: Callable[..., Any], fastmath: frozenset[str]) -> Any:
     ``error_model="numpy"`` lets x / 0 give inf/nan instead of raising inside the
     kernel; the wrappers guarantee no such division reaches the output.
     """
-    from numba import njit
+    from advcal._kernels.caching import cached_njit
 
-    return njit(cache=True, nogil=True, error_model="numpy", fastmath=set(fastmath))(loop)
+    return cached_njit(loop, nogil=True, error_model="numpy", fastmath=set(fastmath))
 
 
 def n_threads() -> int:

@@ -96,7 +96,7 @@ def _dominance(offsets, lo, hi, sorted_lo, sorted_hi, max_size, out):
             out_q[i] = (out_q[i] - behind) / n
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always")
 def _lower_bounds(sorted_values, x, n, pos):
     """pos[i] = #{sorted_values[:n] < x[i]} for every i < n, in lockstep.
 
@@ -116,7 +116,7 @@ def _lower_bounds(sorted_values, x, n, pos):
         pos[i] += 1 if sorted_values[pos[i]] < x[i] else 0
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always")
 def _upper_bounds(sorted_values, x, n, pos):
     """pos[i] = #{sorted_values[:n] <= x[i]} (see _lower_bounds)."""
     for i in range(n):
@@ -151,7 +151,7 @@ def _midpoint(offsets, lo, hi, out):
             out_q[t] = (0.5 * (lo_q[t] + hi_q[t]) - ref) - mean
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always")
 def _sum_cdf(t, w1, w2):
     """P(U1 + U2 <= t), U1 ~ U[0, w1], U2 ~ U[0, w2], max(w1, w2) > 0 (see ranges_numpy)."""
     small = min(w1, w2)
@@ -168,7 +168,7 @@ def _sum_cdf(t, w1, w2):
     return 1.0 - rest * rest / (2.0 * small * big)
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always")
 def _sign_expectation(li, hi_, lj, hj):
     """E[sign(R_i - R_j)] for independent uniforms on the ranges (points: point masses)."""
     wi = hi_ - li

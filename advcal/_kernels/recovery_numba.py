@@ -19,6 +19,7 @@ import math
 import numpy as np
 from numba import njit
 
+from advcal._kernels.caching import cached_njit
 from advcal._kernels.ggsr import (
     GRAM_RTOL,
     NOT_FINITE,
@@ -41,7 +42,7 @@ GOLDEN = 0.6180339887498949
 PARALLEL_MIN_GROUPS = 2048
 
 
-@njit(cache=True, fastmath=_FASTMATH)
+@cached_njit(fastmath=_FASTMATH)
 def _check_gram(k, base, n, work):
     """Status of one Gram block: finite, symmetric and PSD within GRAM_RTOL·max diag."""
     scale = 0.0
@@ -80,7 +81,7 @@ def _check_gram(k, base, n, work):
     return OK, scale
 
 
-@njit(cache=True, fastmath=_FASTMATH)
+@cached_njit(fastmath=_FASTMATH)
 def _matvec(m, base, n, x, out):
     for i in range(n):
         s = 0.0
@@ -90,7 +91,7 @@ def _matvec(m, base, n, x, out):
         out[i] = s
 
 
-@njit(cache=True, fastmath=_FASTMATH)
+@cached_njit(fastmath=_FASTMATH)
 def _dot(x, y, n):
     s = 0.0
     for i in range(n):
@@ -98,7 +99,7 @@ def _dot(x, y, n):
     return s
 
 
-@njit(cache=True, fastmath=_FASTMATH)
+@cached_njit(fastmath=_FASTMATH)
 def _tridiagonalize(h, n, vs, diag, off, p):
     """Householder reduction of the symmetric h (n x n) to tridiagonal form.
 
@@ -153,7 +154,7 @@ def _tridiagonalize(h, n, vs, diag, off, p):
         off[n - 2] = h[n - 1, n - 2]
 
 
-@njit(cache=True, fastmath=_FASTMATH)
+@cached_njit(fastmath=_FASTMATH)
 def _apply_reflectors(vs, n, x, transpose):
     """x <- Qᵀx (``transpose``) or Qx with Q = H_0 H_1 ... H_{n-3}."""
     steps = n - 2
@@ -167,7 +168,7 @@ def _apply_reflectors(vs, n, x, transpose):
                 x[i] -= 2.0 * s * vs[k, i]
 
 
-@njit(cache=True, fastmath=_FASTMATH)
+@cached_njit(fastmath=_FASTMATH)
 def _tri_solve(diag, off, n, mu, rhs, y, w, lo, ld):
     """Solve (T + μI) y = rhs by a tridiagonal LDLᵀ; ‖L_c⁻¹ y‖² of the Cholesky factor
     L_c = L D^{1/2} is returned through ``w`` (w_i² summed).  False if not PD.
@@ -204,7 +205,7 @@ def _tri_solve(diag, off, n, mu, rhs, y, w, lo, ld):
     return True
 
 
-@njit(cache=True, fastmath=_FASTMATH)
+@cached_njit(fastmath=_FASTMATH)
 def _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace):
     """y = −(T + μI)⁻¹ g̃ with ‖y‖ = ρ (μ > 0); True instead if the solution lies inside.
 
@@ -246,7 +247,7 @@ def _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace):
     return False
 
 
-@njit(cache=True, fastmath=_FASTMATH)
+@cached_njit(fastmath=_FASTMATH)
 def _min_norm_solution(kmat, rmat, kr, hmat, g, n, z):
     """z = −H⁺g (H = RKR rebuilt; eigenvalues below 1e-12·max are null): the anchor's
     minimum-norm z when the unconstrained minimum lies inside the ball (a rejected group)."""
@@ -271,12 +272,12 @@ def _min_norm_solution(kmat, rmat, kr, hmat, g, n, z):
                 z[i] += coef * evecs[i, j]
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always")
 def _sqrt0(x):
     return math.sqrt(x) if x > 0.0 else 0.0
 
 
-@njit(cache=True, fastmath=_FASTMATH)
+@cached_njit(fastmath=_FASTMATH)
 def _margins(eta, coef, rho, tau, kappa, cnorm2):
     """(scaled full margin, scaled reward margin) at η from the precomputed polynomials."""
     a = coef[0] + eta * coef[1]
@@ -289,12 +290,12 @@ def _margins(eta, coef, rho, tau, kappa, cnorm2):
     return full, reward
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always")
 def _feasible(full, reward):
     return full >= 0.0 and reward > 0.0
 
 
-@njit(cache=True, fastmath=_FASTMATH)
+@cached_njit(fastmath=_FASTMATH)
 def _eta_star(coef, rho, tau, kappa, cnorm2):
     """sup{η ∈ [0, 1]: full(η) ≥ 0, reward(η) > 0}, or −1 if empty (both margins concave)."""
     f1, r1 = _margins(1.0, coef, rho, tau, kappa, cnorm2)

@@ -1,0 +1,251 @@
+"""The one way engine kernels are compiled with an on-disk cache: ``cached_njit``.
+
+numba's own ``cache=True`` keys a cached kernel on the file that defines it, so a kernel
+keeps running old code after an edit to a constant or an ``@njit`` helper it imports from
+another file; it raises on a corrupt cache file; and it raises ``cannot cache function``
+when no cache directory is writable.  Here instead:
+
+- every kernel's cache lives in a directory named after a content hash of all the engine
+  sources (every ``*.py`` in ``advcal/_kernels/``), and the index records that hash: any
+  change to any engine file recompiles every kernel.  The engine modules import nothing
+  from ``advcal`` outside this directory (a test checks), so the hash covers all they use;
+- an index or data file that cannot be read (empty, truncated, corrupt, not numba's) is a
+  cache miss: the kernel is compiled and the file overwritten, with a ``KernelCacheWarning``;
+  a failed save also only warns.  Files carry a checksum, so corrupt bytes never reach the
+  unpickler or the linker;
+- the cache goes to the first writable one of ``NUMBA_CACHE_DIR``, the package's
+  ``__pycache__`` and the user cache directory (``$XDG_CACHE_HOME/advcal``, by default
+  ``~/.cache/advcal``); with none writable, kernels are compiled in memory only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from numba import njit
+from numba.core import config
+from numba.core.caching import (
+    CompileResultCacheImpl,
+    FunctionCache,
+    IndexDataCacheFile,
+    NullCache,
+    _CacheLocator,
+)
+from numba.misc.appdirs import user_cache_dir
+
+__all__ = ["KernelCacheWarning", "cache_dir", "cached_njit", "source_hash"]
+
+ENGINE_DIR = Path(__file__).resolve().parent
+_PREFIX = "kernels-"
+_DIGEST = hashlib.sha256().digest_size
+
+
+class KernelCacheWarning(RuntimeWarning):
+    """A kernel cache file could not be read or written; the kernel was compiled instead."""
+
+
+@cache
+def source_hash() -> str:
+    """Hex digest of the names and contents of every engine source file.
+
+    Computed once per process, when the first kernel is compiled (at the import of the
+    engine modules), so that it describes the code this process runs.
+    """
+    h = hashlib.sha256()
+    for path in sorted(ENGINE_DIR.glob("*.py")):
+        data = path.read_bytes()
+        h.update(f"{path.name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()[:20]
+
+
+def _make_writable(path: Path) -> bool | None:
+    """Create ``path`` if needed and check that files can be written there: None if not,
+    else whether it was created now."""
+    try:
+        created = not path.is_dir()
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError:
+        return None
+    return created
+
+
+@cache
+def cache_dir() -> Path | None:
+    """The directory this process caches compiled kernels in, or None (no caching).
+
+    The first writable one of ``$NUMBA_CACHE_DIR/advcal``, ``advcal/_kernels/__pycache__``
+    and the user cache directory ``advcal`` (``$XDG_CACHE_HOME/advcal``, else
+    ``~/.cache/advcal`` on Linux), each holding one ``kernels-<source hash>`` directory.
+    """
+    leaf = _PREFIX + source_hash()
+    in_tree = ENGINE_DIR / "__pycache__"
+    roots = [in_tree]
+    numba_dir = getattr(config, "CACHE_DIR", "")  # NUMBA_CACHE_DIR, as numba read it
+    if numba_dir:
+        roots.insert(0, Path(numba_dir).absolute() / "advcal")
+    try:
+        roots.append(Path(user_cache_dir("advcal", appauthor=False)))
+    except (OSError, KeyError, RuntimeError):  # no home directory to expand "~" into
+        pass
+    for root in roots:
+        if not root.is_absolute():  # e.g. "~" left unexpanded: never cache under the cwd
+            continue
+        path = root / leaf
+        created = _make_writable(path)
+        if created is not None:
+            if created and root == in_tree:
+                _prune(in_tree, keep=leaf)
+            return path
+    return None
+
+
+def _prune(root: Path, keep: str) -> None:
+    # The package's own cache holds kernels of earlier versions of this tree only: drop
+    # them.  Shared locations may serve other installs and are left alone.
+    for old in root.glob(_PREFIX + "*"):
+        if old.name != keep and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, KernelCacheWarning, stacklevel=2)
+
+
+class _EngineLocator(_CacheLocator):
+    """Every kernel in one directory per engine-source hash, stamped with that hash."""
+
+    def __init__(self, py_func: Callable[..., Any], path: Path) -> None:
+        self._py_file = py_func.__code__.co_filename
+        self._lineno = py_func.__code__.co_firstlineno
+        self._cache_path = str(path)
+
+    def get_cache_path(self) -> str:
+        return self._cache_path
+
+    def get_source_stamp(self) -> str:
+        return source_hash()
+
+    def get_disambiguator(self) -> str:
+        return str(self._lineno)
+
+
+class _EngineCacheImpl(CompileResultCacheImpl):
+    # numba's CacheImpl picks a locator from a global list (or NUMBA_CACHE_LOCATOR_CLASSES);
+    # this one always uses the engine locator, found by ``cache_dir`` beforehand.
+    def __init__(self, py_func: Callable[..., Any]) -> None:
+        path = cache_dir()
+        assert path is not None  # cached_njit attaches no cache otherwise
+        self._lineno = py_func.__code__.co_firstlineno
+        self._locator = _EngineLocator(py_func, path)
+        modname = Path(py_func.__code__.co_filename).stem
+        qualname = getattr(py_func, "__qualname__", py_func.__name__)
+        abiflags = getattr(sys, "abiflags", "")
+        self._filename_base = self.get_filename_base(f"{modname}.{qualname}", abiflags)
+
+
+class _CheckedCacheFile(IndexDataCacheFile):
+    """Index and data files as ``sha256(payload) + payload``; anything unreadable is a miss.
+
+    A miss returns an empty index, so the next save rewrites the index (and the data file
+    it names) from scratch.
+    """
+
+    def _read_checked(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except FileNotFoundError:
+            return None
+        digest, payload = blob[:_DIGEST], blob[_DIGEST:]
+        if len(blob) <= _DIGEST or hashlib.sha256(payload).digest() != digest:
+            raise ValueError(f"checksum mismatch in {path}")
+        return payload
+
+    def _write_checked(self, path: str, obj: Any) -> None:
+        payload = self._dump(obj)
+        with self._open_for_write(path) as f:
+            f.write(hashlib.sha256(payload).digest())
+            f.write(payload)
+
+    def _load_index(self) -> dict[Any, str]:
+        try:
+            payload = self._read_checked(self._index_path)
+            if payload is None:
+                return {}
+            version, stamp, overloads = pickle.loads(payload)
+            if not isinstance(overloads, dict):
+                raise TypeError("index is not a mapping")
+        except Exception as exc:
+            # a save reads the index again first: warn once
+            if not getattr(self, "_warned", False):
+                _warn(f"ignoring unreadable kernel cache index {self._index_path}: {exc!r}")
+            self._warned = True
+            return {}
+        if version != self._version or stamp != self._source_stamp:
+            return {}  # another numba or other sources: stale, overwritten on save
+        return overloads
+
+    def _save_index(self, overloads: dict[Any, str]) -> None:
+        self._write_checked(self._index_path, (self._version, self._source_stamp, overloads))
+
+    def _load_data(self, name: str) -> Any:
+        payload = self._read_checked(self._data_path(name))
+        if payload is None:
+            raise FileNotFoundError(name)  # numba's ``load`` treats OSError as a miss
+        return pickle.loads(payload)
+
+    def _save_data(self, name: str, data: Any) -> None:
+        self._write_checked(self._data_path(name), data)
+
+
+class _EngineCache(FunctionCache):
+    """numba's per-function cache, with the engine locator and failures demoted to warnings."""
+
+    _impl_class = _EngineCacheImpl
+
+    def __init__(self, py_func: Callable[..., Any]) -> None:
+        super().__init__(py_func)
+        self._cache_file = _CheckedCacheFile(
+            cache_path=self._cache_path,
+            filename_base=self._impl.filename_base,
+            source_stamp=source_hash(),
+        )
+
+    def load_overload(self, sig: Any, target_context: Any) -> Any:
+        try:
+            return super().load_overload(sig, target_context)
+        except Exception as exc:  # e.g. a data file of another build: compile instead
+            _warn(f"ignoring unreadable kernel cache entry of {self._name}: {exc!r}")
+            return None
+
+    def save_overload(self, sig: Any, data: Any) -> None:
+        try:
+            super().save_overload(sig, data)
+        except Exception as exc:
+            _warn(f"could not save the compiled {self._name} to {self._cache_path}: {exc!r}")
+
+
+def cached_njit(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """``numba.njit(**options)(fn)`` with the engine cache described in this module.
+
+    Use as ``cached_njit(fn, nogil=True)`` or as a decorator ``@cached_njit(fastmath=...)``.
+    ``options`` are numba's, except ``cache`` (always on where a directory is writable).
+    """
+    if "cache" in options:
+        raise TypeError("cached_njit: the cache is always on; drop the 'cache' option")
+    if fn is None:
+        return lambda f: cached_njit(f, **options)
+    dispatcher = njit(**options)(fn)
+    dispatcher._cache = NullCache() if cache_dir() is None else _EngineCache(fn)
+    return dispatcher

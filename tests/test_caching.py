@@ -1,0 +1,312 @@
+"""The on-disk kernel cache (``advcal._kernels.caching``): it never goes stale, never breaks.
+
+Every case runs fresh Python processes on a copy of the installed package in a temporary
+directory, with the cache locations (``NUMBA_CACHE_DIR``, ``HOME``, ``XDG_CACHE_HOME``)
+pointed into temporary directories too, so the tests neither use nor touch the caches of
+the working tree.  Each process compiles the one small kernel that ``grpo`` uses.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import advcal
+
+PACKAGE = Path(advcal.__file__).resolve().parent
+ENGINE = PACKAGE / "_kernels"
+
+# Two groups whose GRPO and RLOO advantages differ: a kernel that picks the wrong rule
+# shows.  First group by hand: mean 1/2, deviations ±1/2, sample std sqrt(1/3).
+REWARDS = [[0.0, 0.0, 1.0, 1.0], [1.0, 2.0, 4.0, 0.5]]
+FIRST_ROW = [-0.5 / (np.sqrt(1 / 3) + 1e-6)] * 2 + [0.5 / (np.sqrt(1 / 3) + 1e-6)] * 2
+
+# Prints, as JSON: grpo of REWARDS on both engines, the cache hits and misses summed over
+# every compiled function of the engine modules, where they cache, and all warnings.
+PROBE = textwrap.dedent(f"""
+    import json, sys, warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import numpy as np
+        import advcal
+        r = np.array({REWARDS!r})
+        got = advcal.grpo(r)
+        ref = advcal.grpo(r, backend="numpy")
+    from numba.core.dispatcher import Dispatcher
+    from advcal._kernels import caching
+    kernels = {{id(v): v for name, m in list(sys.modules.items())
+               if name.startswith("advcal._kernels") for v in vars(m).values()
+               if isinstance(v, Dispatcher)}}.values()
+    used = [k for k in kernels if k.stats.cache_hits or k.stats.cache_misses]
+    print(json.dumps(dict(
+        package=advcal.__file__, got=got.tolist(), ref=ref.tolist(),
+        hits=sum(sum(k.stats.cache_hits.values()) for k in used),
+        misses=sum(sum(k.stats.cache_misses.values()) for k in used),
+        paths=sorted({{str(k.stats.cache_path) for k in used}}),
+        cache_dir=None if caching.cache_dir() is None else str(caching.cache_dir()),
+        warnings=[[w.category.__name__, str(w.message)] for w in caught])))
+""")
+
+
+def _copy_package(tmp_path: Path) -> Path:
+    """A copy of the installed package, without its compiled files; returns its parent."""
+    root = tmp_path / "site"
+    shutil.copytree(PACKAGE, root / "advcal", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def _env(root: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NUMBA_CACHE_DIR", "PYTHONPATH", "XDG_CACHE_HOME"))}
+    env.update(PYTHONPATH=str(root), **extra)
+    return env
+
+
+def _run(root: Path, env: dict[str, str], code: str = PROBE) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, text=True,
+                          capture_output=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out.get("package", str(root)).startswith(str(root))  # the copy, not the tree
+    return out
+
+
+def _assert_right(out: dict[str, Any]) -> None:
+    np.testing.assert_allclose(out["got"][0], FIRST_ROW, rtol=1e-12)
+    np.testing.assert_allclose(out["got"], out["ref"], rtol=1e-12, atol=1e-15)
+
+
+def _cache_warnings(out: dict[str, Any]) -> list[list[str]]:
+    return [w for w in out["warnings"] if "cache" in w[1].lower()]
+
+
+def _cached_env(tmp_path: Path) -> tuple[Path, dict[str, str], Path]:
+    root = _copy_package(tmp_path)
+    cache = tmp_path / "numba-cache"
+    return root, _env(root, NUMBA_CACHE_DIR=str(cache), HOME=str(tmp_path / "home")), cache
+
+
+def test_an_edited_engine_constant_recompiles_and_an_unchanged_tree_loads(tmp_path: Path) -> None:
+    """modes.py's mode codes are read by point_numba's kernel and by the wrapper that
+    passes them.  Swapping GRPO's and RLOO's codes must leave grpo unchanged: a kernel
+    cached on point_numba.py alone would keep the old codes and run RLOO's rule."""
+    root, env, cache = _cached_env(tmp_path)
+    cold = _run(root, env)
+    _assert_right(cold)
+    assert cold["misses"] > 0 and cold["hits"] == 0
+    assert cold["cache_dir"] and cold["cache_dir"].startswith(str(cache))
+    assert cold["paths"] == [cold["cache_dir"]]
+    assert list(Path(cold["cache_dir"]).glob("*.nbi")), "nothing was cached"
+
+    warm = _run(root, env)  # the same sources: every kernel loads from the cache
+    assert warm["hits"] > 0 and warm["misses"] == 0
+    assert warm["got"] == cold["got"]
+
+    modes = root / "advcal" / "_kernels" / "modes.py"
+    text = modes.read_text()
+    assert "\nGRPO = 1" in text and "\nRLOO = 2" in text, "modes.py changed: update this test"
+    modes.write_text(text.replace("\nGRPO = 1", "\nGRPO = 2").replace("\nRLOO = 2",
+                                                                       "\nRLOO = 1", 1))
+    edited = _run(root, env)
+    assert edited["misses"] > 0 and edited["hits"] == 0
+    assert edited["cache_dir"] != cold["cache_dir"]
+    _assert_right(edited)
+    assert edited["got"] == cold["got"]
+
+
+HELPER = """
+from advcal._kernels.caching import cached_njit
+
+SCALE = {scale}
+
+
+@cached_njit()
+def shift(x):
+    return x + {shift}
+"""
+
+KERNEL = """
+from advcal._kernels.caching import cached_njit
+from advcal._kernels.zz_probe_helper import SCALE, shift
+
+
+def _apply(x):
+    return shift(x) * SCALE
+
+
+apply = cached_njit(_apply, nogil=True)
+"""
+
+CALL = """
+import json
+from advcal._kernels import zz_probe_kernel as k
+value = k.apply(1.0)
+print(json.dumps(dict(value=value, hits=sum(k.apply.stats.cache_hits.values()))))
+"""
+
+
+def test_an_edited_helper_or_constant_in_another_engine_file_recompiles(tmp_path: Path) -> None:
+    """A kernel in one engine file calls an ``@njit`` helper and reads a constant of
+    another: editing either changes the next process's result."""
+    root, env, _ = _cached_env(tmp_path)
+    engine = root / "advcal" / "_kernels"
+    (engine / "zz_probe_kernel.py").write_text(KERNEL)
+    helper = engine / "zz_probe_helper.py"
+    helper.write_text(HELPER.format(scale=2.0, shift=1.0))
+    assert _run(root, env, CALL) == {"value": 4.0, "hits": 0}
+    assert _run(root, env, CALL) == {"value": 4.0, "hits": 1}
+    helper.write_text(HELPER.format(scale=3.0, shift=1.0))
+    assert _run(root, env, CALL) == {"value": 6.0, "hits": 0}
+    helper.write_text(HELPER.format(scale=3.0, shift=2.0))
+    assert _run(root, env, CALL) == {"value": 9.0, "hits": 0}
+
+
+def _checked(blob: bytes) -> bool:
+    return hashlib.sha256(blob[32:]).digest() == blob[:32] and len(blob) > 32
+
+
+def _with_checksum(obj: object) -> bytes:
+    payload = pickle.dumps(obj)
+    return hashlib.sha256(payload).digest() + payload
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _truncated(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(np.random.default_rng(0).bytes(max(path.stat().st_size, 64)))
+
+
+def _wrong_pickle(path: Path) -> None:
+    # readable files with a valid checksum that hold the wrong objects
+    path.write_bytes(_with_checksum("not an index" if path.suffix == ".nbi" else 42))
+
+
+def test_corrupt_or_unwritable_cache_files_recompile_with_at_most_a_warning(
+        tmp_path: Path) -> None:
+    """One cache, damaged in turn in every way; each damaged file is a cache miss, the
+    kernel is compiled, and the file is written anew."""
+    root, env, _ = _cached_env(tmp_path)
+    cold = _run(root, env)
+    files = sorted(Path(cold["cache_dir"]).glob("*.nb[ic]"))
+    assert any(f.suffix == ".nbi" for f in files) and any(f.suffix == ".nbc" for f in files)
+    damages = [(_empty, ".nbi.nbc"), (_truncated, ".nbc"), (_garbage, ".nbi"),
+               (_wrong_pickle, ".nbc"), (_wrong_pickle, ".nbi")]
+    for damage, kinds in damages:
+        for f in files:
+            if f.suffix in kinds:
+                damage(f)
+        out = _run(root, env)
+        _assert_right(out)
+        case = (damage.__name__, kinds)
+        assert out["got"] == cold["got"], case
+        assert out["misses"] > 0 and out["hits"] == 0, case
+        assert _cache_warnings(out) == out["warnings"], case
+        assert all(w[0] == "KernelCacheWarning" for w in out["warnings"]), out["warnings"]
+        assert all(_checked(f.read_bytes()) for f in files), case  # overwritten
+    again = _run(root, env)  # the rewritten files load
+    assert again["hits"] > 0 and again["misses"] == 0 and not _cache_warnings(again)
+
+    # Index files replaced by directories can be neither read nor replaced, whoever runs
+    # the test (root included): the failed saves only warn.
+    for index in Path(cold["cache_dir"]).glob("*.nbi"):
+        index.unlink()
+        index.mkdir()
+    out = _run(root, env)
+    _assert_right(out)
+    assert out["misses"] > 0 and out["hits"] == 0
+    assert {w[0] for w in _cache_warnings(out)} == {"KernelCacheWarning"}, out["warnings"]
+    assert any("could not save" in w[1] for w in out["warnings"])
+
+
+def _read_only(tree: Path) -> None:
+    for path in [tree, *tree.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _writable_again(tree: Path) -> None:
+    for path in [tree, *tree.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode | stat.S_IWUSR)
+
+
+def _can_create(directory: Path) -> bool:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "probe").write_bytes(b"")
+    except OSError:
+        return False
+    return True
+
+
+def test_a_read_only_install_without_a_writable_home_runs_uncached(tmp_path: Path) -> None:
+    root = _copy_package(tmp_path)
+    engine_cache = root / "advcal" / "_kernels" / "__pycache__"
+    # HOME and XDG_CACHE_HOME lie under a regular file: no directory can be made there,
+    # not even by root.
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_bytes(b"")
+    env = _env(root, HOME=str(blocker / "home"), XDG_CACHE_HOME=str(blocker / "cache"))
+    _read_only(root)
+    try:
+        if _can_create(engine_cache):
+            # root ignores the permission bits: make the package's __pycache__ a regular
+            # file, so that nothing can be created inside it either
+            assert os.geteuid() == 0
+            _writable_again(root)
+            shutil.rmtree(engine_cache)
+            engine_cache.write_bytes(b"")
+            _read_only(root)
+        assert not _can_create(engine_cache / "x")
+        assert not _can_create(blocker / "home" / ".cache")
+        out = _run(root, env)
+    finally:
+        _writable_again(root)
+    _assert_right(out)
+    assert out["cache_dir"] is None and out["paths"] == ["None"]
+    assert not _cache_warnings(out), out["warnings"]
+    assert not list(tmp_path.rglob("*.nb[ic]"))
+
+
+def test_engine_modules_import_only_engine_modules_from_advcal() -> None:
+    """The cache is keyed on the files of advcal/_kernels/ alone: a kernel that used code or
+    constants from another advcal module would not be recompiled when that module changed."""
+    outside = []
+    for path in sorted(ENGINE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom)
+                     and node.level == 0 else [])
+            outside += [f"{path.name}: {n}" for n in names
+                        if n.split(".")[0] == "advcal"
+                        and not n.startswith("advcal._kernels")]
+    assert not outside
+
+
+def test_engine_modules_compile_through_cached_njit() -> None:
+    """numba's own ``cache=True`` goes stale on edits to other files and raises in a
+    read-only install: engine modules cache through ``caching.cached_njit`` only."""
+    own = []
+    for path in sorted(ENGINE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and any(k.arg == "cache" for k in node.keywords):
+                own.append(f"{path.name}:{node.lineno}")
+    assert not own
