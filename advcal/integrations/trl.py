@@ -1,0 +1,391 @@
+"""advcal advantages inside TRL's ``GRPOTrainer``.
+
+:class:`AdvcalGRPOMixin` replaces the advantages TRL computes with advcal's, at the same
+place (per rank, from the rewards TRL has gathered over all ranks) and with TRL's own
+conventions wherever advcal has no reason to differ: completions whose reward functions
+all returned ``None`` leave their group and get advantage 0, several reward functions are
+combined with TRL's ``reward_weights`` and ``multi_objective_aggregation``, and
+``advantage="grpo"`` follows TRL's ``scale_rewards`` with TRL's eps of 1e-4.
+
+``advantage="setgrpo"`` computes each group's policy-gradient Gram matrix with
+:class:`advcal.torch.GradientCapture` on the forward pass of the loss itself, then writes
+SetGRPO's recovered coefficients into the loss in place of the advantages.
+
+``trl`` is imported only when :data:`AdvcalGRPOTrainer` is first used.
+
+Examples
+--------
+A trainer class of your own (the mixin goes first)::
+
+    from trl import GRPOTrainer
+    from advcal.integrations.trl import AdvcalGRPOMixin
+
+    class MyTrainer(AdvcalGRPOMixin, GRPOTrainer):
+        pass
+
+    trainer = MyTrainer(model=model, reward_funcs=reward_fn, args=config,
+                        train_dataset=dataset, advantage="maxnorm",
+                        advantage_options={"tau_res": 0.05})
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+import advcal
+from advcal._validation import check_choice
+
+if TYPE_CHECKING:
+    import torch
+
+# AdvcalGRPOTrainer (the mixin on trl.GRPOTrainer) is built by the module __getattr__.
+__all__ = ["MODES", "AdvcalGRPOMixin", "trl_rewards"]
+
+MODES = ("grpo", "dr_grpo", "rloo", "maxnorm", "range", "setgrpo")
+
+# TRL's constant in the denominators of "grpo" (group and batch scaling).
+TRL_EPS = 1e-4
+
+
+class _Settings(NamedTuple):
+    mode: str
+    options: dict[str, Any]
+    calibration: Any
+    tau: Any
+    layers: Any
+    sketch_dim: int | None
+    seed: int
+
+
+def _load(calibration: Any) -> Any:
+    if isinstance(calibration, (str, os.PathLike)):
+        return advcal.load_calibration(calibration)
+    return calibration
+
+
+def _settings_iv(advantage: Any, options: Any, calibration: Any, tau: Any, layers: Any,
+                 sketch_dim: Any, seed: Any) -> _Settings:
+    mode = check_choice(advantage, "advantage", MODES)
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise TypeError(f"`advantage_options` must be a mapping; got {type(options).__name__}.")
+    options = dict(options)
+    calibration = _load(calibration)
+    if mode == "range" and not isinstance(calibration, advcal.RangeCalibration):
+        raise ValueError("advantage='range' needs `calibration`: a RangeCalibration "
+                         "(advcal.calibrate_ranges) or the path of one saved with "
+                         "advcal.save_calibration.")
+    if mode == "setgrpo":
+        if not isinstance(calibration, advcal.SetCalibration):
+            raise ValueError("advantage='setgrpo' needs `calibration`: a SetCalibration "
+                             "(advcal.calibrate_sets) or the path of one saved with "
+                             "advcal.save_calibration.")
+        tau = _load(tau)
+        if tau is None:
+            raise ValueError("advantage='setgrpo' needs `tau`: a threshold in [0, 1) or a "
+                             "ThresholdSelection (advcal.select_threshold) or its path.")
+    elif tau is not None:
+        raise ValueError(f"`tau` is for advantage='setgrpo'; got advantage={mode!r}.")
+    if mode == "maxnorm" and "tau_res" not in options:
+        raise ValueError("advantage='maxnorm' needs advantage_options={'tau_res': ...}: the "
+                         "reward resolution below which gaps are not trusted.")
+    if sketch_dim is not None and (isinstance(sketch_dim, bool) or not isinstance(sketch_dim, int)
+                                   or sketch_dim < 1):
+        raise ValueError(f"`gram_sketch_dim` must be a positive int or None; got {sketch_dim!r}.")
+    return _Settings(mode, options, calibration, tau, layers, sketch_dim, int(seed))
+
+
+def trl_rewards(rewards_per_func: np.ndarray, weights: np.ndarray, aggregation: str,
+                group_size: int) -> np.ndarray:
+    """TRL's combined reward per completion, shape ``(B, group_size)``; NaN where every
+    reward function returned ``None`` (the completion leaves its group).
+
+    ``"sum_then_normalize"``: the weighted sum of the rewards that are not ``None``.
+    ``"normalize_then_sum"``: each reward function first normalised within the group
+    (mean and unbiased std of its non-``None`` rewards, TRL's 1e-4 in the denominator),
+    then the weighted sum.
+    """
+    per_func = np.asarray(rewards_per_func, dtype=np.float64)
+    weights = np.asarray(weights, dtype=np.float64)
+    unscorable = np.isnan(per_func).all(axis=1)
+    if aggregation == "normalize_then_sum":
+        grouped = per_func.reshape(-1, group_size, per_func.shape[1])
+        count = (~np.isnan(grouped)).sum(axis=1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            # NaN where a function scored nothing in the group, as TRL's nanmean gives.
+            mean = np.nansum(grouped, axis=1, keepdims=True) / count
+            var = np.nansum((grouped - mean) ** 2, axis=1, keepdims=True) / (count - 1)
+        std = np.sqrt(var) if group_size > 1 else np.zeros_like(mean)
+        per_func = ((grouped - mean) / (std + TRL_EPS)).reshape(per_func.shape)
+    elif aggregation != "sum_then_normalize":
+        raise ValueError(f"unknown multi_objective_aggregation {aggregation!r}")
+    combined = np.nansum(per_func * weights, axis=1)
+    combined[unscorable] = np.nan
+    return combined.reshape(-1, group_size)
+
+
+def _valid_groups(rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The scorable rewards as a ragged batch: values, offsets, and their flat positions."""
+    valid = ~np.isnan(rewards)
+    sizes = valid.sum(axis=1)
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    return rewards[valid], offsets, np.flatnonzero(valid.ravel())
+
+
+class AdvcalGRPOMixin:
+    """Put advcal's advantages into a TRL ``GRPOTrainer`` (mix in before ``GRPOTrainer``).
+
+    Parameters (keyword-only, besides those of ``GRPOTrainer``)
+    ----------
+    advantage : {"grpo", "dr_grpo", "rloo", "maxnorm", "range", "setgrpo"}, default "grpo"
+        ``"grpo"`` follows TRL's ``scale_rewards`` ("group": :func:`advcal.grpo`, "batch":
+        :func:`advcal.batch_std`, "none": :func:`advcal.dr_grpo`) with TRL's eps 1e-4; with
+        ``multi_objective_aggregation="normalize_then_sum"`` the summed rewards are
+        normalised over the whole batch, as TRL does.  ``"range"`` reads the combined
+        reward as a judge score and turns it into a conformal range with ``calibration``.
+    advantage_options : mapping, optional
+        Keyword options of the estimator (``{"tau_res": 0.05}`` for ``"maxnorm"``,
+        ``{"relation": "midpoint"}`` for ``"range"``, ``{"eps": ...}`` for ``"grpo"``).
+    calibration : RangeCalibration, SetCalibration or path, optional
+        Required by ``"range"`` and ``"setgrpo"``; a path is read with
+        :func:`advcal.load_calibration`.
+    tau : float, ThresholdSelection or path, optional
+        SetGRPO's threshold (required by ``"setgrpo"``).
+    gram_layers, gram_sketch_dim, gram_seed
+        :class:`advcal.torch.GradientCapture`'s ``layers``, ``sketch_dim`` and ``seed``
+        for ``"setgrpo"``.
+
+    Notes
+    -----
+    ``"setgrpo"`` needs every group whole inside one forward pass of the loss: TRL's
+    ``steps_per_generation`` must be 1 and each rank's share of the generation batch a
+    multiple of ``num_generations``.  Gradients never leave their rank.
+
+    Metrics logged through TRL (prefix ``advcal/``): ``inverse_scale_p50``/``p95``/``p99``/
+    ``max`` and ``zero_gap_fraction`` in every mode; ``accepted_fraction``, ``eta_mean``,
+    ``tau`` and ``coef_norm_ratio`` (‖a(η*)‖ over ‖GRPO coefficients‖, accepted groups)
+    for ``"setgrpo"``; ``range_width_mean`` for ``"range"``.
+    """
+
+    def __init__(self, *args: Any, advantage: str = "grpo",
+                 advantage_options: Mapping[str, Any] | None = None,
+                 calibration: Any = None, tau: Any = None, gram_layers: Any = None,
+                 gram_sketch_dim: int | None = None, gram_seed: int = 0,
+                 **kwargs: Any) -> None:
+        self._advcal = _settings_iv(advantage, advantage_options, calibration, tau,
+                                    gram_layers, gram_sketch_dim, gram_seed)
+        self._advcal_rewards_per_func: torch.Tensor | None = None
+        self._advcal_capture: Any = None
+        self._advcal_inputs: dict[str, Any] | None = None
+        # TRL's own advantages of the last batch, kept for comparison and tests.
+        self.trl_advantages: torch.Tensor | None = None
+        super().__init__(*args, **kwargs)
+        if self._advcal.mode == "setgrpo":
+            self._check_whole_groups()
+
+    # -- where TRL computes its advantages ------------------------------------------------
+
+    def _check_whole_groups(self) -> None:
+        args = self.args  # type: ignore[attr-defined]
+        per_rank = args.per_device_train_batch_size * args.steps_per_generation
+        if args.steps_per_generation != 1 or per_rank % self.num_generations:  # type: ignore[attr-defined]
+            raise ValueError(
+                "advantage='setgrpo' needs each group whole in one forward pass of the loss: "
+                "set steps_per_generation=1 and per_device_train_batch_size to a multiple of "
+                f"num_generations; got steps_per_generation={args.steps_per_generation}, "
+                f"per_device_train_batch_size={args.per_device_train_batch_size}, "
+                f"num_generations={self.num_generations}.")  # type: ignore[attr-defined]
+
+    def _calculate_rewards(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        rewards_per_func = super()._calculate_rewards(*args, **kwargs)  # type: ignore[misc]
+        self._advcal_rewards_per_func = rewards_per_func
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        import torch
+
+        output = super()._generate_and_score_completions(inputs)  # type: ignore[misc]
+        mode = "train" if self.model.training else "eval"  # type: ignore[attr-defined]
+        group_size = (self.num_generations if mode == "train"  # type: ignore[attr-defined]
+                      else self.num_generations_eval)  # type: ignore[attr-defined]
+        assert self._advcal_rewards_per_func is not None
+        rewards = trl_rewards(self._advcal_rewards_per_func.detach().cpu().numpy(),
+                              self.reward_weights.cpu().numpy(),  # type: ignore[attr-defined]
+                              self.multi_objective_aggregation,  # type: ignore[attr-defined]
+                              group_size)
+        local = output["advantages"]
+        self.trl_advantages = local.detach().clone()
+        start = self.accelerator.process_index * local.shape[0]  # type: ignore[attr-defined]
+        part = slice(start, start + local.shape[0])
+        metrics = self._advcal_scale_metrics(rewards)
+        if self._advcal.mode == "setgrpo":
+            # The coefficients need the Gram matrices of the loss's own forward pass.
+            output["advcal_rewards"] = torch.as_tensor(rewards.ravel()[part], device=local.device)
+            output["advcal_group"] = torch.arange(part.start, part.stop,
+                                                  device=local.device) // group_size
+        else:
+            advantages, extra = self._advcal_advantages(rewards)
+            metrics.update(extra)
+            output["advantages"] = torch.as_tensor(advantages.ravel()[part], dtype=local.dtype,
+                                                   device=local.device)
+        self._advcal_log(mode, metrics)
+        return output
+
+    def _advcal_advantages(self, rewards: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+        """advcal's advantages of a ``(B, G)`` batch of combined rewards (NaN: unscorable)."""
+        settings = self._advcal
+        options = dict(settings.options)
+        values, offsets, where = _valid_groups(rewards)
+        extra: dict[str, float] = {}
+        if settings.mode == "grpo":
+            options.setdefault("eps", TRL_EPS)
+            if self.multi_objective_aggregation == "normalize_then_sum":  # type: ignore[attr-defined]
+                # TRL normalises the summed, already group-normalised rewards batch-wide.
+                flat = advcal.grpo(values, np.array([0, values.size]), **options)
+            else:
+                scale = self.scale_rewards  # type: ignore[attr-defined]
+                if scale == "none":
+                    options.pop("eps")
+                    flat = advcal.dr_grpo(values, offsets, **options)
+                elif scale == "batch":
+                    flat = advcal.batch_std(values, offsets, **options)
+                else:
+                    flat = advcal.grpo(values, offsets, **options)
+        elif settings.mode == "range":
+            calibration = settings.calibration
+            ranges = calibration.ranges(values)
+            flat = advcal.range_advantages(ranges.lo, ranges.hi, offsets, **options)
+            width = ranges.hi - ranges.lo
+            extra["range_width_mean"] = float(np.mean(width)) if values.size else 0.0
+        else:
+            flat = advcal.advantages(values, offsets, method=settings.mode, **options)
+        advantages = np.zeros(rewards.size)
+        advantages[where] = flat
+        return advantages.reshape(rewards.shape), extra
+
+    def _advcal_scale_metrics(self, rewards: np.ndarray) -> dict[str, float]:
+        values, offsets, _ = _valid_groups(rewards)
+        method = {"setgrpo": "grpo", "range": "dr_grpo"}.get(self._advcal.mode, self._advcal.mode)
+        options = {"maxnorm": self._advcal.options} if method == "maxnorm" else None
+        tau_res = self._advcal.options.get("tau_res", 0.01)
+        diagnostics = advcal.scale_diagnostics(values, offsets, methods=(method,), eps=TRL_EPS,
+                                               tau_res=tau_res, options=options)[method]
+        return {
+            "inverse_scale_p50": diagnostics.inverse_scale_p50,
+            "inverse_scale_p95": diagnostics.inverse_scale_p95,
+            "inverse_scale_p99": diagnostics.inverse_scale_p99,
+            "inverse_scale_max": diagnostics.inverse_scale_max,
+            "zero_gap_fraction": diagnostics.zero_gap_fraction,
+        }
+
+    def _advcal_log(self, mode: str, metrics: Mapping[str, float]) -> None:
+        for name, value in metrics.items():
+            if value is not None and math.isfinite(value):
+                self._metrics[mode][f"advcal/{name}"].append(float(value))  # type: ignore[attr-defined]
+
+    # -- SetGRPO: the Gram matrices of the loss's own forward pass ------------------------
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+        if self._advcal.mode != "setgrpo" or not model.training:
+            return super()._compute_loss(model, inputs)  # type: ignore[misc]
+        from advcal.torch import GradientCapture
+
+        settings = self._advcal
+        capture = GradientCapture(self.accelerator.unwrap_model(model),  # type: ignore[attr-defined]
+                                  settings.layers, sketch_dim=settings.sketch_dim,
+                                  seed=settings.seed)
+        with capture:
+            self._advcal_capture = capture
+            self._advcal_inputs = inputs
+            try:
+                return super()._compute_loss(model, inputs)  # type: ignore[misc]
+            finally:
+                self._advcal_capture = None
+                self._advcal_inputs = None
+
+    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
+        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)  # type: ignore[misc]
+        capture, inputs = self._advcal_capture, self._advcal_inputs
+        if capture is not None and inputs is not None:
+            self._advcal_capture = None  # the first forward of the loss is the policy's
+            inputs["advantages"] = self._setgrpo_coefficients(capture, inputs, out[0])
+        return out
+
+    def _setgrpo_coefficients(self, capture: Any, inputs: dict[str, Any],
+                              per_token_logps: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        from advcal.torch import response_objectives
+
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        loss_type = self.loss_type  # type: ignore[attr-defined]
+        objectives = response_objectives(
+            per_token_logps, mask,
+            loss_type=loss_type if loss_type in ("grpo", "dr_grpo", "bnpo", "dapo") else "grpo",
+            max_completion_length=self.max_completion_length,  # type: ignore[attr-defined]
+            num_items_in_batch=inputs.get("num_items_in_batch"),
+            num_processes=self.accelerator.num_processes,  # type: ignore[attr-defined]
+        )
+        groups = inputs["advcal_group"].cpu().numpy()
+        rewards = inputs["advcal_rewards"].detach().cpu().numpy().astype(np.float64)
+        gram = capture.gram(objectives, group_ids=groups)  # blocks in sorted label order
+        order = np.argsort(groups, kind="stable")
+        sizes = np.unique(groups, return_counts=True)[1]
+        # Unscorable completions leave their group: drop their rows and columns.
+        rows, blocks, kept_sizes = [], [], []
+        block_start = row_start = 0
+        for size in sizes:
+            members = order[row_start:row_start + size]
+            block = gram[block_start:block_start + size * size].reshape(size, size)
+            row_start, block_start = row_start + size, block_start + size * size
+            valid = ~np.isnan(rewards[members])
+            rows.append(members[valid])
+            blocks.append(block[np.ix_(valid, valid)].ravel())
+            kept_sizes.append(int(valid.sum()))
+        keep = np.concatenate(rows)
+        offsets = advcal.offsets_from_sizes(kept_sizes)
+        settings = self._advcal
+        result = advcal.setgrpo(rewards[keep], offsets, gram=np.concatenate(blocks),
+                                calibration=settings.calibration, tau=settings.tau)
+        coefficients = np.zeros(groups.size)
+        coefficients[keep] = result.coefficients
+        informative = np.diff(offsets) >= 2
+        center = advcal.coefficient_sets(rewards[keep], offsets,
+                                         calibration=settings.calibration).centers
+        member_of = np.repeat(np.arange(len(kept_sizes)), kept_sizes)
+        norms = np.sqrt(np.bincount(member_of, center ** 2, minlength=len(kept_sizes)))
+        recovered = np.sqrt(np.bincount(member_of, result.coefficients ** 2,
+                                        minlength=len(kept_sizes)))
+        ratio_at = informative & result.accepted & (norms > 0)
+        tau = settings.tau
+        self._advcal_log("train", {
+            "accepted_fraction": float(np.mean(result.accepted[informative]))
+            if informative.any() else math.nan,
+            "eta_mean": float(np.mean(result.eta[informative])) if informative.any() else math.nan,
+            "tau": float(tau if not isinstance(tau, advcal.ThresholdSelection) else
+                         (tau.tau_sel if tau.tau_sel is not None else math.nan)),
+            "coef_norm_ratio": float(np.mean(recovered[ratio_at] / norms[ratio_at]))
+            if ratio_at.any() else math.nan,
+        })
+        return torch.as_tensor(coefficients, dtype=per_token_logps.dtype,
+                               device=per_token_logps.device)
+
+
+def __getattr__(name: str) -> Any:
+    # AdvcalGRPOTrainer = AdvcalGRPOMixin + trl.GRPOTrainer, built on first use.
+    if name == "AdvcalGRPOTrainer":
+        from trl import GRPOTrainer
+
+        cls = type("AdvcalGRPOTrainer", (AdvcalGRPOMixin, GRPOTrainer),
+                   {"__module__": __name__, "__doc__": AdvcalGRPOMixin.__doc__})
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,271 @@
+"""advcal.integrations.trl against a real TRL GRPOTrainer on a tiny local Llama (CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import advcal
+from advcal.integrations.trl import TRL_EPS, trl_rewards
+
+# -- TRL's reward combination, hand-derived ---------------------------------------------------
+
+
+def test_sum_then_normalize_drops_unscorable_rows() -> None:
+    per_func = np.array([[1.0, np.nan], [np.nan, np.nan], [0.5, 2.0], [np.nan, 1.0]])
+    out = trl_rewards(per_func, np.array([1.0, 0.5]), "sum_then_normalize", 2)
+    np.testing.assert_array_equal(out, [[1.0, np.nan], [1.5, 0.5]])
+
+
+def test_normalize_then_sum_normalizes_each_function_within_its_group() -> None:
+    per_func = np.array([[0.0, 1.0], [2.0, 1.0], [1.0, 3.0], [1.0, 5.0]])
+    out = trl_rewards(per_func, np.array([1.0, 2.0]), "normalize_then_sum", 2)
+    # group 1: f1 = (-1, 1)/(sqrt 2 + eps), f2 constant -> 0; group 2: f1 -> 0, f2 = (-1, 1)·...
+    s = np.sqrt(2.0) + TRL_EPS
+    np.testing.assert_allclose(out, [[-1 / s, 1 / s], [-2 / s, 2 / s]], rtol=1e-15)
+
+
+def test_unknown_aggregation_is_refused() -> None:
+    with pytest.raises(ValueError, match="aggregation"):
+        trl_rewards(np.zeros((2, 1)), np.ones(1), "mean", 2)
+
+
+# -- a real trainer ---------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+trl = pytest.importorskip("trl")
+transformers = pytest.importorskip("transformers")
+datasets = pytest.importorskip("datasets")
+
+from advcal.integrations.trl import AdvcalGRPOMixin  # noqa: E402
+
+G = 4
+
+
+def _tokenizer():  # a word-level tokenizer built here: there is no model hub
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
+    vocab.update({w: i + 4 for i, w in enumerate("a b c d e f g h i j k l".split())})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
+                                                eos_token="<eos>", bos_token="<bos>",
+                                                unk_token="<unk>")
+
+
+def _model(tok):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+        pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _length_reward(completions, **kwargs):
+    return [len(c) / 10 for c in completions]
+
+
+def _sometimes_none(completions, **kwargs):
+    # None for every third completion: TRL leaves those out of their group.
+    return [None if i % 3 == 0 else float(len(c) % 4) for i, c in enumerate(completions)]
+
+
+class _Recording(AdvcalGRPOMixin, trl.GRPOTrainer):
+    """Records, per batch, advcal's and TRL's advantages and the advantages in the loss."""
+
+    def __init__(self, *args, **kwargs):
+        self.batches: list[dict] = []
+        self.in_loss: list[tuple[np.ndarray, np.ndarray]] = []
+        super().__init__(*args, **kwargs)
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        n = output["advantages"].shape[0]
+        self.batches.append({
+            "rewards_per_func": self._advcal_rewards_per_func.detach().cpu().numpy(),
+            "advcal": output["advantages"].detach().cpu().numpy().copy(),
+            "trl": self.trl_advantages.cpu().numpy(),
+        })
+        output["row"] = torch.arange(n)  # travels through TRL's shuffle into the loss
+        return output
+
+    def _compute_loss(self, model, inputs):
+        loss = super()._compute_loss(model, inputs)
+        self.in_loss.append((inputs["row"].cpu().numpy(),
+                             inputs["advantages"].detach().cpu().numpy().copy()))
+        return loss
+
+
+def _train(reward_funcs=_length_reward, steps=2, **advcal_kwargs):
+    tok = _tokenizer()
+    dataset = datasets.Dataset.from_dict({"prompt": ["a b c", "d e f", "g h", "i j k l"] * 4})
+    config = trl.GRPOConfig(
+        output_dir=None, per_device_train_batch_size=8, num_generations=G,
+        max_completion_length=6, max_steps=steps, report_to=[], use_cpu=True,
+        save_strategy="no", learning_rate=1e-2, logging_steps=1, seed=0,
+        disable_tqdm=True)
+    trainer = _Recording(model=_model(tok), reward_funcs=reward_funcs, args=config,
+                         train_dataset=dataset, processing_class=tok, **advcal_kwargs)
+    trainer.train()
+    return trainer
+
+
+def _combined(batch, trainer):
+    return trl_rewards(batch["rewards_per_func"], trainer.reward_weights.numpy(),
+                       trainer.multi_objective_aggregation, G)
+
+
+def _check_loss_sees_advcal(trainer):
+    assert len(trainer.in_loss) == len(trainer.batches) >= 2
+    for batch, (rows, in_loss) in zip(trainer.batches, trainer.in_loss, strict=True):
+        np.testing.assert_array_equal(in_loss, batch["advcal"][rows].astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def grpo_run():
+    return _train(reward_funcs=[_length_reward, _sometimes_none], advantage="grpo")
+
+
+def test_grpo_mode_equals_trls_own_advantages(grpo_run) -> None:
+    for batch in grpo_run.batches:
+        np.testing.assert_allclose(batch["advcal"], batch["trl"], rtol=0, atol=1e-6)
+    _check_loss_sees_advcal(grpo_run)
+
+
+def test_all_none_completion_gets_zero_and_leaves_the_group() -> None:
+    def only_sometimes(completions, **kwargs):
+        return [None if i % 3 == 0 else len(c) / 10 for i, c in enumerate(completions)]
+
+    run = _train(reward_funcs=only_sometimes, steps=2, advantage="grpo")
+    for batch in run.batches:
+        rewards = batch["rewards_per_func"][:, 0]
+        none = np.isnan(rewards)
+        assert none.any()
+        np.testing.assert_array_equal(batch["advcal"][none], 0.0)
+        np.testing.assert_allclose(batch["advcal"], batch["trl"], atol=1e-6)
+        # the group statistics of the others leave the None completions out
+        grouped = rewards.reshape(-1, G)
+        expected = advcal.grpo(grouped, eps=TRL_EPS, nan_policy="omit").ravel()
+        np.testing.assert_allclose(batch["advcal"], expected, atol=1e-7)
+
+
+@pytest.mark.parametrize(("mode", "options"), [
+    ("dr_grpo", {}),
+    ("rloo", {}),
+    ("maxnorm", {"tau_res": 0.05, "bounds": (0.0, 2.0)}),
+])
+def test_point_modes_put_advcals_advantages_into_the_loss(mode, options) -> None:
+    run = _train(advantage=mode, advantage_options=options)
+    for batch in run.batches:
+        rewards = _combined(batch, run)
+        expected = advcal.advantages(rewards, method=mode, **options).ravel()
+        # computed in float64, handed to TRL in its float32
+        np.testing.assert_array_equal(batch["advcal"], expected.astype(np.float32))
+    _check_loss_sees_advcal(run)
+    logged = run.state.log_history[0]
+    assert "advcal/inverse_scale_p95" in logged and "advcal/zero_gap_fraction" in logged
+
+
+def test_range_mode_uses_conformal_ranges(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    reference = rng.uniform(0, 1, 200)
+    judge = np.clip(reference + rng.normal(0, 0.05, 200), 0, 1)
+    calibration = advcal.calibrate_ranges(judge, reference, alpha=0.2, bounds=(0.0, 1.0))
+    path = tmp_path / "ranges.npz"
+    advcal.save_calibration(path, calibration)
+    run = _train(advantage="range", calibration=str(path))
+    for batch in run.batches:
+        scores = _combined(batch, run)
+        ranges = calibration.ranges(scores.ravel())
+        expected = advcal.range_advantages(ranges.lo.reshape(-1, G), ranges.hi.reshape(-1, G))
+        np.testing.assert_array_equal(batch["advcal"], expected.ravel().astype(np.float32))
+    _check_loss_sees_advcal(run)
+    assert run.state.log_history[0]["advcal/range_width_mean"] > 0
+
+
+def test_setgrpo_mode_uses_a_real_gram_and_a_loaded_calibration(tmp_path) -> None:
+    rng = np.random.default_rng(1)
+    clean = rng.uniform(0, 1, (300, G))
+    a = clean + rng.normal(0, 0.02, clean.shape)
+    b = clean + rng.normal(0, 0.02, clean.shape)
+    calibration = advcal.calibrate_sets(a, b, alpha=0.2)
+    path = tmp_path / "sets.npz"
+    advcal.save_calibration(path, calibration)
+    layers = ["lm_head", "model.layers.1.mlp.down_proj"]
+
+    class Checked(_Recording):
+        def _compute_loss(self, model, inputs):
+            # brute force: each response's objective gradient over the captured weights
+            from advcal.torch import response_objectives
+
+            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            logps, _, _ = trl.GRPOTrainer._get_per_token_logps_and_entropies(
+                self, model, ids, att, inputs["completion_ids"].size(1))
+            objectives = response_objectives(logps, inputs["completion_mask"])
+            params = [model.get_submodule(name).weight for name in layers]
+            grads = [torch.cat([g.reshape(-1) for g in torch.autograd.grad(
+                j, params, retain_graph=True)]) for j in objectives]
+            flat = torch.stack(grads).double()
+            gram = (flat @ flat.T).numpy()
+            groups = inputs["advcal_group"].numpy()
+            rewards = inputs["advcal_rewards"].numpy().astype(np.float64)
+            order = np.argsort(groups, kind="stable")
+            blocks = [gram[np.ix_(order[i:i + G], order[i:i + G])].ravel()
+                      for i in range(0, groups.size, G)]
+            expected = advcal.setgrpo(rewards[order], advcal.offsets_from_sizes(
+                [G] * (groups.size // G)), gram=np.concatenate(blocks),
+                calibration=calibration, tau=0.2).coefficients
+            loss = super()._compute_loss(model, inputs)
+            got = inputs["advantages"].detach().numpy()[order]
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+            self.checked = getattr(self, "checked", 0) + 1
+            return loss
+
+    tok = _tokenizer()
+    dataset = datasets.Dataset.from_dict({"prompt": ["a b c", "d e f", "g h", "i j k l"] * 4})
+    config = trl.GRPOConfig(
+        output_dir=None, per_device_train_batch_size=8, num_generations=G,
+        max_completion_length=6, max_steps=2, report_to=[], use_cpu=True,
+        save_strategy="no", learning_rate=1e-2, logging_steps=1, seed=0, disable_tqdm=True)
+    trainer = Checked(model=_model(tok), reward_funcs=_length_reward, args=config,
+                      train_dataset=dataset, processing_class=tok, advantage="setgrpo",
+                      calibration=str(path), tau=0.2, gram_layers=layers)
+    trainer.train()
+    assert trainer.checked == 2
+    logged = trainer.state.log_history[0]
+    assert 0 <= logged["advcal/accepted_fraction"] <= 1
+    assert logged["advcal/tau"] == 0.2
+
+
+def test_setgrpo_needs_whole_groups_in_the_loss() -> None:
+    tok = _tokenizer()
+    dataset = datasets.Dataset.from_dict({"prompt": ["a b c", "d e f"] * 4})
+    config = trl.GRPOConfig(
+        output_dir=None, per_device_train_batch_size=4, num_generations=G,
+        steps_per_generation=2, max_completion_length=4, max_steps=1, report_to=[],
+        use_cpu=True, save_strategy="no")
+    calibration = advcal.calibrate_sets(np.eye(G) + 0.1, np.eye(G), alpha=0.5)
+    with pytest.raises(ValueError, match="steps_per_generation=1"):
+        _Recording(model=_model(tok), reward_funcs=_length_reward, args=config,
+                   train_dataset=dataset, processing_class=tok, advantage="setgrpo",
+                   calibration=calibration, tau=0.1)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"advantage": "bogus"}, "advantage"),
+    ({"advantage": "range"}, "RangeCalibration"),
+    ({"advantage": "setgrpo"}, "SetCalibration"),
+    ({"advantage": "maxnorm"}, "tau_res"),
+    ({"advantage": "grpo", "tau": 0.1}, "tau"),
+])
+def test_bad_settings_name_the_argument(kwargs, match) -> None:
+    tok = _tokenizer()
+    dataset = datasets.Dataset.from_dict({"prompt": ["a b c"] * 4})
+    config = trl.GRPOConfig(output_dir=None, per_device_train_batch_size=4, num_generations=G,
+                            max_steps=1, report_to=[], use_cpu=True, save_strategy="no")
+    with pytest.raises(ValueError, match=match):
+        _Recording(model=_model(tok), reward_funcs=_length_reward, args=config,
+                   train_dataset=dataset, processing_class=tok, **kwargs)
