@@ -890,10 +890,24 @@ def _diagnose_arguments(parser: argparse.ArgumentParser) -> None:
                              "about 2 s)")
 
 
+def _calibrate_arguments(parser: argparse.ArgumentParser) -> None:
+    from advcal import _calibrate
+
+    _calibrate.arguments(parser)
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    from advcal import _calibrate
+
+    return _calibrate.run(args)
+
+
 _COMMANDS = [
     _Command("demo", "a tour of advcal on built-in synthetic data", _demo_arguments, _run_demo),
     _Command("diagnose", "scale diagnostics (GRPO vs RLOO vs MaxNorm) of a reward log",
              _diagnose_arguments, _run_diagnose),
+    _Command("calibrate", "calibration files from logs: JRSC set radius (sets), judge ranges "
+             "(ranges), SRGO threshold (threshold)", _calibrate_arguments, _run_calibrate),
 ]
 
 

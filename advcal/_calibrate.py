@@ -1,0 +1,890 @@
+"""``advcal calibrate``: calibration artefacts from logs, on the command line.
+
+Three forms, each writing a file that :func:`advcal.load_calibration` reads:
+
+* ``advcal calibrate sets PAIRED_LOG``: two scorings of the same responses (a reward
+  column and ``--second-col``) → a :class:`~advcal.SetCalibration`;
+* ``advcal calibrate ranges JUDGE_LOG``: judge scores, reference rewards and optional
+  categories → a :class:`~advcal.RangeCalibration`;
+* ``advcal calibrate threshold DATA.npz``: paired scorings plus Gram blocks → a
+  :class:`~advcal.ThresholdSelection` (and the set calibration it used).
+
+Each prints a summary: m, the radius, σ_g², the mean log-volume of the sets (log-width of
+the ranges), and a cross-fitted coverage estimate with its Clopper-Pearson interval; the
+threshold form prints the SRGO table.  Exit codes as the other subcommands: 0, or 2 with
+one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import math
+import sys
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+# Folds of the cross-fitted coverage estimate, and the confidence of its interval.
+FOLDS = 5
+CONFIDENCE = 0.95
+# Largest .npz member `calibrate threshold` accepts (checked before decompressing).
+MAX_MEMBER_BYTES = 1 << 30
+_PLOT_FORMATS = ("png", "pdf", "svg")
+
+
+class _BadInput(Exception):
+    """A problem with the user's file or options: one line, exit code 2."""
+
+
+# --------------------------------------------------------------------------- coverage
+
+
+class Coverage(NamedTuple):
+    """A cross-fitted coverage estimate: ``covered`` of ``n`` held-out units."""
+
+    covered: int
+    n: int
+    folds: int
+    target: float
+    interval: tuple[float, float]
+    skipped: int = 0
+
+    @property
+    def estimate(self) -> float:
+        return self.covered / self.n if self.n else math.nan
+
+
+def _coverage(covered: int, n: int, folds: int, target: float, skipped: int = 0) -> Coverage:
+    from scipy.stats import binomtest
+
+    if n == 0:
+        return Coverage(0, 0, folds, target, (math.nan, math.nan), skipped)
+    ci = binomtest(covered, n, target).proportion_ci(confidence_level=CONFIDENCE,
+                                                     method="exact")
+    return Coverage(covered, n, folds, target, (float(ci.low), float(ci.high)), skipped)
+
+
+def _subset(values: np.ndarray, offsets: np.ndarray, groups: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """The groups ``groups`` (sorted indices) of a CSR batch, as a CSR batch."""
+    sizes = np.diff(offsets)[groups]
+    take = np.concatenate([np.arange(offsets[g], offsets[g + 1]) for g in groups]) \
+        if groups.size else np.empty(0, np.int64)
+    return values[take], np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+
+
+def set_coverage(a: np.ndarray, b: np.ndarray, offsets: np.ndarray, kwargs: dict[str, Any],
+                 *, folds: int, seed: int) -> Coverage:
+    """K-fold cross-fitted coverage of JRSC sets: calibrate on K − 1 folds of groups,
+    count the held-out groups whose second scoring's coefficients lie in their set."""
+    from advcal.drift import calibration_drift
+    from advcal.sets import calibrate_sets
+
+    informative = np.flatnonzero(np.diff(offsets) >= 2)
+    rng = np.random.default_rng(seed)
+    fold = np.empty(informative.size, np.int64)
+    fold[rng.permutation(informative.size)] = np.arange(informative.size) % folds
+    covered = n = 0
+    for k in range(folds):
+        test, train = np.sort(informative[fold == k]), np.sort(informative[fold != k])
+        if not test.size or not train.size:
+            continue
+        cal = calibrate_sets(*_pair(a, b, offsets, train), **kwargs)
+        ta, tb, toff = _pair(a, b, offsets, test)
+        drift = calibration_drift(cal, ta, tb, toff)
+        covered += drift.covered
+        n += drift.n
+    return _coverage(covered, n, folds, 1.0 - kwargs["alpha"])
+
+
+def _pair(a: np.ndarray, b: np.ndarray, offsets: np.ndarray, groups: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    va, off = _subset(a, offsets, groups)
+    vb, _ = _subset(b, offsets, groups)
+    return va, vb, off
+
+
+def range_coverage(inputs: dict[str, Any], kwargs: dict[str, Any], *, folds: int,
+                   seed: int) -> Coverage:
+    """K-fold cross-fitted coverage of conformal ranges, folds stratified by category;
+    a response whose category has no other response cannot be tested and is skipped."""
+    from advcal.conformal import calibrate_ranges
+
+    reference = inputs["reference"]
+    m = reference.size
+    cats = inputs.get("categories")
+    rng = np.random.default_rng(seed)
+    fold = np.full(m, -1, np.int64)
+    labels: list[Any] = [None] * m if cats is None else list(cats)
+    by_label: dict[Any, list[int]] = {}
+    for i, lab in enumerate(labels):
+        by_label.setdefault((type(lab), lab), []).append(i)
+    skipped = 0
+    for members in by_label.values():
+        if len(members) < 2:
+            skipped += len(members)
+            continue
+        idx = np.array(members)[rng.permutation(len(members))]
+        fold[idx] = (np.arange(idx.size) + int(rng.integers(folds))) % folds
+    def part(mask: np.ndarray) -> tuple[np.ndarray | None, dict[str, Any]]:
+        out = {name: inputs[name][mask] for name in ("sigma", "lower", "upper")
+               if inputs.get(name) is not None}
+        if cats is not None:
+            out["categories"] = [labels[i] for i in np.flatnonzero(mask)]
+        judge = inputs.get("judge")
+        return (None if judge is None else judge[mask]), out
+
+    covered = n = 0
+    for k in range(folds):
+        test, train = fold == k, (fold != k) & (fold >= 0)
+        if not test.any():
+            continue
+        judge_train, train_inputs = part(train)
+        cal = calibrate_ranges(judge_train, reference[train], **kwargs, **train_inputs)
+        judge_test, test_inputs = part(test)
+        lo, hi = cal.ranges(judge_test, **test_inputs)
+        covered += int(np.count_nonzero((lo <= reference[test]) & (reference[test] <= hi)))
+        n += int(test.sum())
+    return _coverage(covered, n, folds, 1.0 - kwargs["alpha"], skipped)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _read_paired(args: argparse.Namespace, second: str, fail_prefix: str
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
+    """First and second scoring, grouped (CSR), with the readers of ``advcal diagnose``."""
+    from advcal import logs
+
+    weights = None
+    if args.reward_weights is not None:
+        try:
+            weights = [float(w) for w in args.reward_weights.split(",")]
+        except ValueError:
+            raise _BadInput(f"--reward-weights {args.reward_weights!r}: expected "
+                            "comma-separated numbers") from None
+    try:
+        log = logs.read_log(args.file, preset=args.preset, group_cols=args.group_col,
+                            reward_cols=args.reward_col, reward_weights=weights,
+                            reward_agg=args.reward_agg, extra_cols=(second,),
+                            format=args.format,
+                            on_bad_row="error" if args.strict else args.on_bad_row)
+    except logs.MissingDependencyError as exc:
+        raise _BadInput(str(exc)) from None
+    except logs.LogError as exc:
+        raise _BadInput(f"{fail_prefix}{exc}") from None
+    except OSError as exc:
+        raise _BadInput(f"{fail_prefix}cannot read ({exc.strerror or exc})") from None
+    return log.rewards, log.extra[second], log.offsets, log
+
+
+def _number(text: Any, column: str, where: str) -> float:
+    if isinstance(text, bool) or text is None or isinstance(text, (list, dict)):
+        raise _BadInput(f"{where}: {column!r} value {json.dumps(text)} is not a number")
+    try:
+        value = float(text)
+    except ValueError:
+        raise _BadInput(f"{where}: {column!r} value {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise _BadInput(f"{where}: {column!r} value {text!r} is not a finite number")
+    return value
+
+
+def read_table(path: str, columns: Sequence[str], label: str | None = None,
+               *, on_bad_row: str = "skip") -> tuple[dict[str, Any], int]:
+    """Per-response columns of a judge log: numeric ``columns`` and an optional ``label``
+    column (category) whose values keep their type (JSON Lines, NPZ and Parquet; CSV
+    labels are strings).  Returns the columns and the number of bad rows skipped.
+
+    This is the one place the ``ranges`` form reads a file: it needs the category labels
+    themselves, which :func:`advcal.logs.read_log` (grouped rewards) does not return.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise _BadInput("no such file" if not p.exists() else "not a regular file")
+    with p.open("rb") as f:
+        head = f.read(4)
+    if head[:2] == b"PK":
+        return _table_npz(p, columns, label), 0
+    if head == b"PAR1":
+        return _table_parquet(p, columns, label, on_bad_row)
+    opener: Any = gzip.open if head[:2] == b"\x1f\x8b" else open
+    name = p.name.lower().removesuffix(".gz")
+    try:
+        with opener(p, "rt", encoding="utf-8-sig", newline="") as f:
+            rows = _jsonl_rows(f) if name.endswith((".jsonl", ".ndjson", ".json")) \
+                else _csv_rows(f)
+            return _collect(rows, columns, label, on_bad_row)
+    except UnicodeDecodeError:
+        raise _BadInput("not a UTF-8 text file (CSV or JSON Lines, optionally gzip)") from None
+    except csv.Error as exc:
+        raise _BadInput(f"malformed CSV ({exc})") from None
+
+
+def _csv_rows(f: Any) -> Any:
+    reader = csv.DictReader(f)
+    for row in reader:
+        yield f"line {reader.line_num}", row
+
+
+def _jsonl_rows(f: Any) -> Any:
+    for lineno, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            yield f"line {lineno}", None
+            continue
+        yield f"line {lineno}", row if isinstance(row, dict) else None
+
+
+def _collect(rows: Any, columns: Sequence[str], label: str | None, on_bad_row: str
+             ) -> tuple[dict[str, Any], int]:
+    out: dict[str, list[Any]] = {c: [] for c in columns}
+    labels: list[Any] = []
+    bad = 0
+    seen_any = False
+    for where, row in rows:
+        seen_any = True
+        try:
+            if row is None:
+                raise _BadInput(f"{where}: not a JSON object")
+            for c in (*columns, *([label] if label else [])):
+                if c not in row:
+                    found = ", ".join(str(k) for k in row) or "none"
+                    raise _BadInput(f"{where}: no column {c!r} (columns: {found})")
+            values = [_number(row[c], c, where) for c in columns]
+            if label is not None:
+                lab = row[label]
+                if lab in (None, "") or isinstance(lab, (list, dict)) or (
+                        isinstance(lab, float) and not math.isfinite(lab)):
+                    raise _BadInput(f"{where}: empty or non-scalar category {lab!r}")
+        except _BadInput as exc:
+            if on_bad_row == "error" or "no column" in str(exc):
+                raise
+            bad += 1
+            continue
+        for c, v in zip(columns, values, strict=True):
+            out[c].append(v)
+        if label is not None:
+            labels.append(lab)
+    if not seen_any:
+        raise _BadInput("no rows (the file holds no responses)")
+    result: dict[str, Any] = {c: np.array(v, dtype=np.float64) for c, v in out.items()}
+    if label is not None:
+        result[label] = labels
+    return result, bad
+
+
+def _table_npz(p: Path, columns: Sequence[str], label: str | None) -> dict[str, Any]:
+    arrays = _load_npz(p, [*columns, *([label] if label else [])])
+    result: dict[str, Any] = {}
+    n = None
+    for c in columns:
+        arr = arrays[c]
+        if arr.dtype.kind not in "biuf" or arr.ndim != 1:
+            raise _BadInput(f"array {c!r} must be 1-D numbers; got {arr.dtype} {arr.shape}")
+        n = arr.size if n is None else n
+        if arr.size != n:
+            raise _BadInput(f"array {c!r} has {arr.size} values; expected {n}")
+        result[c] = arr.astype(np.float64)
+    if label is not None:
+        arr = arrays[label]
+        if arr.dtype.kind not in "biuUS" or arr.shape != (n,):
+            raise _BadInput(f"array {label!r} must be {n} integer or string labels")
+        result[label] = arr.tolist()
+    return result
+
+
+def _load_npz(p: Path, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Named arrays of an .npz, sizes checked before decompressing, pickles refused."""
+    try:
+        with zipfile.ZipFile(p) as zf:
+            members = {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
+            for name in names:
+                if name not in members:
+                    raise _BadInput(f"no array {name!r} (arrays: "
+                                    f"{', '.join(members) or 'none'})")
+                if members[name].file_size > MAX_MEMBER_BYTES:
+                    raise _BadInput(f"array {name!r} is larger than {MAX_MEMBER_BYTES} bytes")
+        with np.load(p, allow_pickle=False) as data:
+            return {name: data[name] for name in names}
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise _BadInput(f"cannot read as .npz ({exc})") from None
+    except ValueError as exc:
+        raise _BadInput(f"cannot read as .npz ({str(exc).splitlines()[0]})") from None
+
+
+def _table_parquet(p: Path, columns: Sequence[str], label: str | None, on_bad_row: str
+                   ) -> tuple[dict[str, Any], int]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise _BadInput("reading Parquet needs pyarrow: pip install 'advcal[logs]'") from None
+    table = pq.read_table(p)
+    rows = ((f"row {i + 1}", row) for i, row in enumerate(table.to_pylist()))
+    return _collect(rows, columns, label, on_bad_row)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _check_plot(path: str | None) -> None:
+    if path is None:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise _BadInput("--plot needs matplotlib, which is not installed "
+                        "(pip install 'advcal[plot]')") from None
+    if Path(path).suffix.lower().lstrip(".") not in _PLOT_FORMATS:
+        raise _BadInput(f"cannot write the plot {path}: name a .png, .pdf or .svg file")
+
+
+def _save_figure(fig: Any, path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.tight_layout()
+        fig.savefig(path, format=Path(path).suffix.lower().lstrip("."), dpi=100)
+    finally:
+        plt.close(fig)
+
+
+def _figure() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(7, 4))
+
+
+def _coverage_line(cov: Coverage) -> str:
+    if cov.n == 0:
+        return "cross-fitted coverage: not estimated (too few groups for the folds)"
+    lo, hi = cov.interval
+    extra = f"; {cov.skipped} untestable (a category's only response)" if cov.skipped else ""
+    return (f"cross-fitted coverage ({cov.folds} folds): {cov.estimate:.4f} "
+            f"({cov.covered}/{cov.n}), {CONFIDENCE:.0%} interval [{lo:.4f}, {hi:.4f}]; "
+            f"target 1 - alpha = {cov.target:.4f}{extra}")
+
+
+def _coverage_json(cov: Coverage) -> dict[str, Any]:
+    return {"estimate": None if cov.n == 0 else cov.estimate, "covered": cov.covered,
+            "n": cov.n, "folds": cov.folds, "target": cov.target,
+            "interval": None if cov.n == 0 else list(cov.interval),
+            "confidence": CONFIDENCE, "skipped": cov.skipped}
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+# --------------------------------------------------------------------------- sets
+
+
+def _set_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if args.estimator == "maxnorm":
+        options["tau_res"] = args.tau_res
+    return {"alpha": args.alpha, "estimator": args.estimator, "shape": args.shape,
+            "ridge": args.ridge, "eps": args.eps, "ddof": args.ddof, "options": options}
+
+
+def _set_summary(cal: Any, a: np.ndarray, offsets: np.ndarray) -> dict[str, Any]:
+    from advcal.sets import coefficient_sets
+
+    sets = coefficient_sets(a, offsets, calibration=cal)
+    informative = np.diff(offsets) >= 2
+    logvol = sets.log_volumes()[informative]
+    return {"m": cal.m, "alpha": cal.alpha, "rho": _finite(cal.rho),
+            "noise_var": cal.noise_var, "estimator": cal.estimator, "shape": cal.shape,
+            "mean_log_volume": _finite(float(np.mean(logvol))) if logvol.size else None}
+
+
+def _print_set_summary(s: dict[str, Any], cov: Coverage | None, label: str = "") -> None:
+    rho = "inf (too few groups for alpha)" if s["rho"] is None else f"{s['rho']:.6g}"
+    print(f"{label}m = {s['m']} calibration groups; alpha = {s['alpha']:g}; estimator "
+          f"{s['estimator']}, shape {s['shape']}")
+    print(f"{label}radius rho = {rho}; sigma_g^2 = {s['noise_var']:.6g}; mean log-volume "
+          f"= {'n/a' if s['mean_log_volume'] is None else format(s['mean_log_volume'], '.4f')}")
+    if cov is not None:
+        print(label + _coverage_line(cov))
+
+
+def _plot_sets(cal: Any, path: str) -> None:
+    fig, ax = _figure()
+    scores = cal.scores[np.isfinite(cal.scores)]
+    ax.hist(scores, bins=50, histtype="stepfilled", alpha=0.6, label="calibration scores d_q")
+    if math.isfinite(cal.rho):
+        ax.axvline(cal.rho, color="black", linestyle="--",
+                   label=f"rho = {cal.rho:.4g} (level {1 - cal.alpha:g})")
+    ax.set_xlabel("d_q = ||S_q^(+1/2) (T(r') - T(r))||")
+    ax.set_ylabel("groups")
+    ax.set_title(f"JRSC calibration scores (m = {cal.m})")
+    ax.legend()
+    _save_figure(fig, path)
+
+
+def run_sets(args: argparse.Namespace) -> int:
+    from advcal.sets import calibrate_sets
+
+    _check_plot(args.plot)
+    a, b, offsets, log = _read_paired(args, args.second_col, f"{args.file}: ")
+    kwargs = _set_kwargs(args)
+    try:
+        cal = calibrate_sets(a, b, offsets, **kwargs)
+        cov = set_coverage(a, b, offsets, kwargs, folds=args.folds, seed=args.seed)
+        summary = _set_summary(cal, a, offsets)
+    except (ValueError, TypeError) as exc:
+        raise _BadInput(f"{args.file}: {exc}") from None
+    _write(args.out, cal)
+    _plot(_plot_sets, cal, args.plot)
+    if args.json:
+        print(json.dumps({"kind": "SetCalibration", "file": args.file, "out": args.out,
+                          **summary, "bad_rows": log.bad_rows.count,
+                          "coverage": _coverage_json(cov)}, indent=2))
+        return 0
+    print(f"advcal calibrate sets: {args.file}")
+    if log.bad_rows.count:
+        print(log.bad_rows.summary())
+    _print_set_summary(summary, cov)
+    print(f"SetCalibration written to {args.out}")
+    return 0
+
+
+def _plot(draw: Any, obj: Any, path: str | None) -> None:
+    if path is None:
+        return
+    try:
+        draw(obj, path)
+    except (OSError, ValueError) as exc:
+        raise _BadInput(f"cannot write the plot {path}: {exc}") from None
+
+
+def _write(path: str, obj: Any) -> None:
+    from advcal.artefacts import save_calibration
+
+    try:
+        save_calibration(path, obj)
+    except OSError as exc:
+        raise _BadInput(f"cannot write {path} ({exc.strerror or exc})") from None
+
+
+# --------------------------------------------------------------------------- ranges
+
+
+def run_ranges(args: argparse.Namespace) -> int:
+    from advcal.conformal import calibrate_ranges
+
+    _check_plot(args.plot)
+    method = args.method
+    cols = {"reference": args.reference_col}
+    if method == "cqr":
+        cols.update(lower=args.lower_col, upper=args.upper_col)
+    else:
+        cols["judge"] = args.judge_col
+    if method == "normalized":
+        cols["sigma"] = args.sigma_col
+    try:
+        table, bad = read_table(args.file, list(cols.values()), args.category_col,
+                                on_bad_row="error" if args.strict else args.on_bad_row)
+    except _BadInput as exc:
+        raise _BadInput(f"{args.file}: {exc}") from None
+    inputs: dict[str, Any] = {key: table[col] for key, col in cols.items()}
+    if args.category_col is not None:
+        inputs["categories"] = table[args.category_col]
+    if inputs["reference"].size == 0:
+        raise _BadInput(f"{args.file}: no valid rows ({bad} bad rows skipped)")
+    kwargs = {"alpha": args.alpha, "method": method, "bounds": tuple(args.bounds)}
+    try:
+        extra = {k: inputs[k] for k in ("sigma", "lower", "upper", "categories") if k in inputs}
+        cal = calibrate_ranges(inputs.get("judge"), inputs["reference"], **kwargs, **extra)
+        cov = range_coverage(inputs, kwargs, folds=args.folds, seed=args.seed)
+        lo, hi = cal.ranges(inputs.get("judge"), **extra)
+    except (ValueError, TypeError) as exc:
+        raise _BadInput(f"{args.file}: {exc}") from None
+    _write(args.out, cal)
+    center = inputs["judge"] if "judge" in inputs else 0.5 * (inputs["lower"] + inputs["upper"])
+    err = center - inputs["reference"]
+    with np.errstate(divide="ignore"):
+        logw = np.log(hi - lo)
+    summary = {"m": int(cal.scores.size), "alpha": cal.alpha, "method": method,
+               "radius": {("null" if k is None else str(k)): _finite(v)
+                          for k, v in cal.radius.items()},
+               "noise_var": float(np.mean(err * err)),
+               "mean_log_width": _finite(float(np.mean(logw)))}
+    _plot(_plot_ranges, cal, args.plot)
+    if args.json:
+        print(json.dumps({"kind": "RangeCalibration", "file": args.file, "out": args.out,
+                          **summary, "bad_rows": bad, "coverage": _coverage_json(cov)},
+                         indent=2))
+        return 0
+    print(f"advcal calibrate ranges: {args.file}")
+    if bad:
+        print(f"skipped {bad} bad row{'s' if bad != 1 else ''}")
+    print(f"m = {summary['m']} labeled responses; alpha = {cal.alpha:g}; method {method}; "
+          f"bounds [{cal.bounds[0]:g}, {cal.bounds[1]:g}]")
+    if cal.categories is None:
+        print(f"radius = {cal.radius[None]:.6g}")
+    else:
+        counts: dict[Any, int] = {}
+        for lab in cal.categories.tolist():
+            counts[lab] = counts.get(lab, 0) + 1
+        print(f"{'category':<24}{'m':>8}{'radius':>14}")
+        for key, value in cal.radius.items():
+            print(f"{repr(key)[:23]:<24}{counts[key]:>8d}{value:>14.6g}")
+    mlw = summary["mean_log_width"]
+    print(f"sigma_g^2 (mean (judge - reference)^2) = {summary['noise_var']:.6g}; mean log-width "
+          f"of the ranges = {'-inf' if mlw is None else format(mlw, '.4f')}")
+    print(_coverage_line(cov))
+    print(f"RangeCalibration written to {args.out}")
+    return 0
+
+
+def _plot_ranges(cal: Any, path: str) -> None:
+    fig, ax = _figure()
+    if cal.categories is None:
+        ax.hist(cal.scores, bins=50, histtype="step", label="all responses")
+    else:
+        cats = cal.categories.tolist()
+        for key in cal.radius:
+            ax.hist(cal.scores[[c == key and type(c) is type(key) for c in cats]], bins=30,
+                    histtype="step", label=f"{key!r}")
+    for value in cal.radius.values():
+        if math.isfinite(value):
+            ax.axvline(value, linestyle="--", color="black", linewidth=1)
+    ax.set_xlabel(f"nonconformity score ({cal.method}); dashed: radius per category")
+    ax.set_ylabel("responses")
+    ax.set_title(f"conformal range calibration (level {1 - cal.alpha:g})")
+    ax.legend()
+    _save_figure(fig, path)
+
+
+# --------------------------------------------------------------------------- threshold
+
+
+def run_threshold(args: argparse.Namespace) -> int:
+    from advcal.artefacts import load_calibration
+    from advcal.drift import calibration_drift
+    from advcal.risk import select_threshold
+    from advcal.sets import SetCalibration, _transform, calibrate_sets, coefficient_sets
+
+    _check_plot(args.plot)
+    names = [args.reward_col, args.second_col, args.gram_col]
+    has_offsets = False
+    try:
+        with zipfile.ZipFile(args.file) as zf:
+            has_offsets = any(i.filename in ("offsets", "offsets.npy") for i in zf.infolist())
+    except (zipfile.BadZipFile, OSError):
+        pass
+    try:
+        arrays = _load_npz(Path(args.file), names + (["offsets"] if has_offsets else []))
+    except _BadInput as exc:
+        raise _BadInput(f"{args.file}: {exc}") from None
+    try:
+        a, b, gram = (_float_array(arrays[n], n) for n in names)
+        offsets = _layout(a, b, gram, arrays.get("offsets"), names)
+        a, b = a.reshape(-1), b.reshape(-1)
+        thresholds = _thresholds(args.thresholds)
+        kwargs = _set_kwargs(args)
+        rng = np.random.default_rng(args.seed)
+        sizes = np.diff(offsets)
+        if args.sets is not None:
+            cal = load_calibration(args.sets, kind=SetCalibration)
+            select = np.arange(sizes.size)
+            source = f"loaded from {args.sets}"
+        else:
+            informative = np.flatnonzero(sizes >= 2)
+            n_cal = int(round(args.calibration_fraction * informative.size))
+            if not 0 < n_cal < informative.size:
+                raise ValueError("--calibration-fraction leaves no groups to calibrate the "
+                                 "sets or none to select the threshold")
+            chosen = np.sort(rng.choice(informative, n_cal, replace=False))
+            select = np.setdiff1d(np.arange(sizes.size), chosen)
+            cal = calibrate_sets(*_pair(a, b, offsets, chosen), **kwargs)
+            source = f"calibrated on {n_cal} of the {informative.size} groups"
+        sa, sb, soff = _pair(a, b, offsets, select)
+        sgram = _gram_subset(gram, offsets, select)
+        sets = coefficient_sets(sa, soff, calibration=cal)
+        reference = _transform(sb, soff, cal.estimator, cal.eps, cal.ddof, cal.options)
+        sel = select_threshold(sets, sgram, reference, thresholds=thresholds, beta=args.beta,
+                               delta=args.delta, bound=args.bound, procedure=args.procedure)
+        drift = calibration_drift(cal, sa, sb, soff)
+        cov = Coverage(drift.covered, drift.n, 1, drift.target, drift.interval)
+        summary = _set_summary(cal, sa, soff)
+    except (ValueError, TypeError) as exc:
+        raise _BadInput(f"{args.file}: {exc}") from None
+    _write(args.out, sel)
+    if args.sets_out is not None:
+        _write(args.sets_out, cal)
+    _plot(lambda s, p: _plot_threshold(s, args.beta, p), sel, args.plot)
+    if args.json:
+        table = [{"tau": float(sel.tau[j]), "n_acc": int(sel.n_acc[j]),
+                  "k_rev": int(sel.k_rev[j]), "risk": _finite(float(sel.risk[j])),
+                  "ucb": float(sel.ucb[j]), "p_value": float(sel.p_value[j]),
+                  "recovery": float(sel.recovery[j]), "feasible": bool(sel.feasible[j])}
+                 for j in range(sel.tau.size)]
+        print(json.dumps({"kind": "ThresholdSelection", "file": args.file, "out": args.out,
+                          "sets": {**summary, "source": source,
+                                   "held_out_coverage": _coverage_json(cov)},
+                          "selection_groups": int(select.size), "tau_sel": sel.tau_sel,
+                          "level": sel.level, "beta": args.beta, "delta": args.delta,
+                          "table": table}, indent=2))
+        return 0
+    print(f"advcal calibrate threshold: {args.file}")
+    print(f"sets: {source}")
+    _print_set_summary(summary, None, "  ")
+    lo, hi = cov.interval
+    print(f"  held-out coverage on the {cov.n} selection groups: {cov.estimate:.4f}, "
+          f"{CONFIDENCE:.0%} interval [{lo:.4f}, {hi:.4f}]; target {cov.target:.4f}")
+    print(f"SRGO on {select.size} groups: beta = {args.beta:g}, delta = {args.delta:g}, "
+          f"{args.bound}, {args.procedure} (per-threshold level {sel.level:.4g})")
+    print(_srgo_table(sel))
+    chosen_text = "none (no threshold is risk-feasible: reject every group)" \
+        if sel.tau_sel is None else f"{sel.tau_sel:g}"
+    print(f"tau_sel = {chosen_text}")
+    print(f"ThresholdSelection written to {args.out}")
+    if args.sets_out is not None:
+        print(f"SetCalibration written to {args.sets_out}")
+    return 0
+
+
+def _srgo_table(sel: Any) -> str:
+    lines = [f"{'tau':>6}{'n_acc':>8}{'k_rev':>7}{'risk':>9}{'ucb':>9}{'p_value':>10}"
+             f"{'recovery':>11}  feasible"]
+    for j in range(sel.tau.size):
+        risk = "-" if np.isnan(sel.risk[j]) else f"{sel.risk[j]:.4f}"
+        mark = " <- tau_sel" if sel.tau_sel is not None and sel.tau[j] == sel.tau_sel else ""
+        lines.append(f"{sel.tau[j]:>6.3f}{sel.n_acc[j]:>8d}{sel.k_rev[j]:>7d}{risk:>9}"
+                     f"{sel.ucb[j]:>9.4f}{sel.p_value[j]:>10.3g}{sel.recovery[j]:>11.2f}  "
+                     f"{'yes' if sel.feasible[j] else 'no'}{mark}")
+    return "\n".join(lines)
+
+
+def _plot_threshold(sel: Any, beta: float, path: str) -> None:
+    fig, ax = _figure()
+    ax.plot(sel.tau, sel.risk, marker="o", label="empirical risk k_rev / n_acc")
+    ax.plot(sel.tau, sel.ucb, marker="s", label="upper confidence bound")
+    ax.axhline(beta, color="black", linestyle="--", label=f"beta = {beta:g}")
+    if sel.tau_sel is not None:
+        ax.axvline(sel.tau_sel, color="tab:green", linestyle=":",
+                   label=f"tau_sel = {sel.tau_sel:g}")
+    ax.set_xlabel("threshold tau")
+    ax.set_ylabel("conditional reversal risk")
+    ax.set_title("SRGO threshold selection")
+    ax.legend()
+    _save_figure(fig, path)
+
+
+def _float_array(arr: np.ndarray, name: str) -> np.ndarray:
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"array {name!r} must hold numbers; got dtype {arr.dtype}")
+    return np.asarray(arr, dtype=np.float64)
+
+
+def _layout(a: np.ndarray, b: np.ndarray, gram: np.ndarray, offsets: np.ndarray | None,
+            names: list[str]) -> np.ndarray:
+    """CSR offsets of the groups: rows of 2-D scorings, or the file's ``offsets``."""
+    if a.shape != b.shape:
+        raise ValueError(f"arrays {names[0]!r} and {names[1]!r} must have the same shape; "
+                         f"got {a.shape} and {b.shape}")
+    if a.ndim == 2:
+        n_groups, width = a.shape
+        if gram.shape != (n_groups, width, width):
+            raise ValueError(f"array {names[2]!r} must have shape {(n_groups, width, width)} "
+                             f"(a Gram block per group); got {gram.shape}")
+        return np.arange(0, a.size + 1, max(width, 1), dtype=np.int64)[:n_groups + 1]
+    if a.ndim != 1 or offsets is None:
+        raise ValueError(f"array {names[0]!r} must be 2-D (a group per row), or 1-D with an "
+                         "array 'offsets'")
+    from advcal._validation import check_offsets
+
+    offs = check_offsets(offsets, a.size)
+    expected = int(np.sum(np.diff(offs).astype(np.int64) ** 2))
+    if gram.shape != (expected,):
+        raise ValueError(f"array {names[2]!r} must be the flat row-major n_q x n_q blocks "
+                         f"({expected} values); got shape {gram.shape}")
+    return offs
+
+
+def _gram_subset(gram: np.ndarray, offsets: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    sizes = np.diff(offsets)
+    flat = gram.reshape(-1)
+    starts = np.concatenate(([0], np.cumsum(sizes.astype(np.int64) ** 2)))
+    parts = [flat[starts[g]:starts[g + 1]] for g in groups]
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+def _thresholds(text: str) -> np.ndarray:
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--thresholds {text!r}: expected comma-separated numbers") from None
+    return np.array(values)
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2; got {value}")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser, *, coverage: bool = True) -> None:
+    parser.add_argument("-o", "--out", required=True, metavar="FILE",
+                        help="the calibration file to write (.npz; read it with "
+                             "advcal.load_calibration)")
+    parser.add_argument("--alpha", type=float, default=0.1,
+                        help="miscoverage level alpha (default: 0.1)")
+    if coverage:
+        parser.add_argument("--folds", type=_positive_int, default=FOLDS,
+                            help=f"folds of the cross-fitted coverage (default: {FOLDS})")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random folds / split (default: 0)")
+    parser.add_argument("--plot", metavar="PATH", default=None,
+                        help="also write a figure (.png, .pdf or .svg; needs matplotlib)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the summary as JSON")
+
+
+def _set_options(parser: argparse.ArgumentParser) -> None:
+    from advcal.sets import CENTERED
+
+    parser.add_argument("--estimator", choices=CENTERED, default="grpo",
+                        help="coefficient map T (default: grpo)")
+    parser.add_argument("--shape", choices=("joint", "isotropic"), default="joint",
+                        help="set shape (default: joint)")
+    parser.add_argument("--ridge", type=float, default=None,
+                        help="radial ridge, relative to the tangential eigenvalue "
+                             "(default: 1)")
+    parser.add_argument("--eps", type=float, default=1e-6, help="GRPO eps (default: 1e-6)")
+    parser.add_argument("--ddof", type=int, choices=(0, 1), default=1,
+                        help="delta degrees of freedom of the std (default: 1)")
+    parser.add_argument("--tau-res", type=float, default=0.01,
+                        help="MaxNorm scale floor, with --estimator maxnorm (default: 0.01)")
+
+
+def _log_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=("auto", "csv", "jsonl", "parquet", "npz", "npy"),
+                        default="auto", help="file format (default: from the content)")
+    parser.add_argument("--preset", choices=("verl", "trl"), default=None,
+                        help="columns of a trainer's logs (as advcal diagnose)")
+    parser.add_argument("--group-col", action="append", default=None, metavar="NAME",
+                        help="column of the group (prompt) id; repeatable (default: group)")
+    parser.add_argument("--reward-col", action="append", default=None, metavar="NAME",
+                        help="column of the first scoring; repeat to combine several "
+                             "(default: reward; .npz: rewards)")
+    parser.add_argument("--reward-weights", default=None, metavar="W1,W2,...",
+                        help="weight per reward column (default: all 1)")
+    parser.add_argument("--reward-agg", choices=("sum", "normalize_then_sum"), default="sum",
+                        help="how reward columns combine (default: sum)")
+    parser.add_argument("--second-col", default="second",
+                        help="column of the second scoring of the same responses "
+                             "(default: second)")
+    _bad_rows(parser)
+
+
+def _bad_rows(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--on-bad-row", choices=("skip", "error"), default="skip",
+                        help="rows with an empty, NaN or unparsable value: skip and report "
+                             "them (default), or stop")
+    parser.add_argument("--strict", action="store_true", help="= --on-bad-row error")
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``calibrate`` subcommand's three forms."""
+    forms = parser.add_subparsers(dest="form", required=True, metavar="{sets,ranges,threshold}")
+    sets = forms.add_parser(
+        "sets", help="JRSC set radius from two scorings of the same responses",
+        description="Calibrate the radius of SetGRPO's coefficient sets (JRSC) on a log with "
+                    "two scorings of the same responses; write a SetCalibration.")
+    sets.add_argument("file", help="paired log: one row per response with its group, a first "
+                                   "and a second scoring (CSV, JSON Lines, Parquet, NPZ)")
+    _log_options(sets)
+    _set_options(sets)
+    _common(sets)
+    sets.set_defaults(form_run=run_sets)
+
+    ranges = forms.add_parser(
+        "ranges", help="conformal reward ranges of an LLM judge from labeled responses",
+        description="Calibrate an LLM judge against reference rewards; write a "
+                    "RangeCalibration (per category with --category-col).")
+    ranges.add_argument("file", help="judge log: one row per labeled response (CSV, JSON "
+                                     "Lines, Parquet, NPZ arrays)")
+    ranges.add_argument("--method", choices=("absolute", "normalized", "cqr"),
+                        default="absolute", help="nonconformity score (default: absolute)")
+    ranges.add_argument("--judge-col", default="judge", help="judge score (default: judge)")
+    ranges.add_argument("--reference-col", default="reference",
+                        help="reference reward (default: reference)")
+    ranges.add_argument("--sigma-col", default="sigma",
+                        help="per-response spread, --method normalized (default: sigma)")
+    ranges.add_argument("--lower-col", default="lower", help="--method cqr (default: lower)")
+    ranges.add_argument("--upper-col", default="upper", help="--method cqr (default: upper)")
+    ranges.add_argument("--category-col", default=None,
+                        help="category per response: one radius per category (Mondrian); "
+                             "labels keep their JSON/array type, CSV labels are strings")
+    ranges.add_argument("--bounds", type=float, nargs=2, default=(0.0, 1.0),
+                        metavar=("LOW", "HIGH"), help="reward bounds (default: 0 1)")
+    _bad_rows(ranges)
+    _common(ranges)
+    ranges.set_defaults(form_run=run_ranges)
+
+    thr = forms.add_parser(
+        "threshold", help="SRGO threshold from paired scorings and Gram blocks (NPZ)",
+        description="Select SetGRPO's recovery threshold tau by SRGO on groups with two "
+                    "scorings and their Gram matrices; write a ThresholdSelection.")
+    thr.add_argument("file", help=".npz with 'rewards' and 'second' (2-D: a group per row, or "
+                                  "1-D with 'offsets') and 'gram' ((B, G, G), or flat "
+                                  "row-major blocks)")
+    thr.add_argument("--reward-col", default="rewards", help="array of the first scoring")
+    thr.add_argument("--second-col", default="second", help="array of the second scoring")
+    thr.add_argument("--gram-col", default="gram", help="array of the Gram blocks")
+    thr.add_argument("--sets", default=None, metavar="FILE",
+                     help="a SetCalibration file (from calibrate sets, on other groups); "
+                          "without it the sets are calibrated on --calibration-fraction of "
+                          "the groups and the threshold selected on the rest")
+    thr.add_argument("--calibration-fraction", type=float, default=0.5,
+                     help="share of the groups that calibrate the sets without --sets "
+                          "(default: 0.5)")
+    thr.add_argument("--sets-out", default=None, metavar="FILE",
+                     help="also write the SetCalibration used")
+    thr.add_argument("--thresholds", default=",".join(f"{0.05 * i:.2f}" for i in range(10, -1,
+                                                                                       -1)),
+                     help="comma-separated candidate tau in [0, 1) (default: 0.50,0.45,...,0)")
+    thr.add_argument("--beta", type=float, default=0.1,
+                     help="target conditional reversal risk (default: 0.1)")
+    thr.add_argument("--delta", type=float, default=0.1,
+                     help="error level of the guarantee (default: 0.1)")
+    thr.add_argument("--bound", default="clopper-pearson",
+                     choices=("clopper-pearson", "hoeffding", "bentkus", "hoeffding-bentkus"),
+                     help="binomial upper confidence bound (default: clopper-pearson)")
+    thr.add_argument("--procedure", choices=("bonferroni", "fixed-sequence"),
+                     default="bonferroni", help="multiple testing (default: bonferroni)")
+    _set_options(thr)
+    _common(thr, coverage=False)
+    thr.set_defaults(form_run=run_threshold)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one form; 0 on success, 2 with one line on stderr for a bad file or option."""
+    try:
+        return int(args.form_run(args))
+    except _BadInput as exc:
+        print(f"advcal calibrate {args.form}: error: {exc}", file=sys.stderr)
+        return 2
