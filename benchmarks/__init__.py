@@ -25,6 +25,9 @@ class Case:
     baseline: str
     target: str = ""
     notes: list[str] = field(default_factory=list)
+    # A one-shot measurement that returns its own report lines (an end-to-end run too
+    # costly to repeat in rounds); ``candidates`` is then empty.
+    report: Callable[[], list[str]] | None = None
 
 
 @dataclass

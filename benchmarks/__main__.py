@@ -29,6 +29,11 @@ def main() -> None:
         for case in module.cases(args.quick):
             if args.only not in case.name:
                 continue
+            if case.report is not None:
+                print(f"\n{case.name}" + (f"   [target: {case.target}]" if case.target else ""))
+                for line in case.report():
+                    print(f"  {line}")
+                continue
             rounds = round_times(case.candidates)
             base = rounds.best(case.baseline)
             print(f"\n{case.name}" + (f"   [target: {case.target}]" if case.target else ""))

@@ -1,0 +1,135 @@
+"""``advcal diagnose`` end to end on 10-million-row logs, against pyarrow's raw read.
+
+Two files are generated in a temporary folder: a verl rollout dump (JSON Lines: ``input``,
+``output``, ``gts``, ``score``, ``step``; groups of 8 responses per prompt) and a TRL
+completion log (CSV: ``step``, ``prompt``, ``completion``, two reward-function columns,
+``advantage``).  Each command runs in a fresh process, which reports its wall time and
+peak resident memory; the ratio is to pyarrow reading the same file whole
+(``pyarrow.json.read_json`` / ``pyarrow.csv.read_csv``, every column, its threads).
+
+Target (issue 15): each diagnose at most 10 s and 1.5 GB peak RSS on the 2-core machine.
+``--quick`` uses 10**6 rows.  Run alone: ``python -m benchmarks --only diagnose``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import Case
+
+_GROUP = 8
+_CHUNK = 1 << 20
+
+
+def write_verl_jsonl(path: Path, rows: int, seed: int = 0) -> None:
+    """A verl rollout dump of ``rows`` responses, groups of 8 consecutive ones."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for lo in range(0, rows, _CHUNK):
+            hi = min(rows, lo + _CHUNK)
+            prompt = np.arange(lo, hi) // _GROUP
+            score = np.round(rng.random(hi - lo), 3)
+            answer = rng.integers(0, 100, hi - lo)
+            f.write("".join(
+                f'{{"input": "Q{p} {p % 97}+{p % 89}", "output": "{a}", "gts": '
+                f'"{p % 97 + p % 89}", "score": {s}, "step": 1}}\n'
+                for p, a, s in zip(prompt.tolist(), answer.tolist(), score.tolist(),
+                                   strict=True)))
+
+
+def write_trl_csv(path: Path, rows: int, seed: int = 0) -> None:
+    """A TRL completion log of ``rows`` completions, groups of 8 consecutive ones."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    rng = np.random.default_rng(seed)
+    with pa.OSFile(str(path), "wb") as sink:
+        writer = None
+        for lo in range(0, rows, _CHUNK):
+            hi = min(rows, lo + _CHUNK)
+            prompt = np.arange(lo, hi) // _GROUP
+            fmt = np.round(rng.random(hi - lo), 2)
+            fmt[rng.random(hi - lo) < 0.05] = np.nan  # a reward function returned None
+            table = pa.table({
+                "step": np.full(hi - lo, 3),
+                "prompt": pa.array([f"Solve {p}" for p in prompt.tolist()]),
+                "completion": pa.array([f"a{a}" for a in
+                                        rng.integers(0, 100, hi - lo).tolist()]),
+                "accuracy_reward": rng.integers(0, 2, hi - lo).astype(np.float64),
+                "format_reward": fmt,
+                "advantage": np.round(rng.normal(size=hi - lo), 3),
+            })
+            if writer is None:
+                writer = pcsv.CSVWriter(sink, table.schema)
+            writer.write_table(table)
+        if writer is not None:
+            writer.close()
+
+
+_MEASURE = """
+import resource, sys, time
+start = time.perf_counter()
+{code}
+wall = time.perf_counter() - start
+print(wall, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, file=sys.stderr)
+"""
+
+
+def measure(code: str) -> tuple[float, int]:
+    """Wall time (s, after the interpreter started) and peak RSS (bytes) of ``code``."""
+    done = subprocess.run([sys.executable, "-c", _MEASURE.format(code=code)],
+                          capture_output=True, text=True, check=True)
+    wall, rss = done.stderr.strip().splitlines()[-1].split()
+    return float(wall), int(rss)
+
+
+def _diagnose(path: Path, preset: str) -> str:
+    return ("import io, contextlib\nfrom advcal.cli import main\nout = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out):\n"
+            f"    code = main(['diagnose', {str(path)!r}, '--preset', {preset!r}, "
+            "'--no-progress'])\n"
+            "assert code == 0, code")
+
+
+def _report(quick: bool) -> list[str]:
+    rows = 10**6 if quick else 10**7
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="advcal-bench-") as folder:
+        verl = Path(folder) / "1.jsonl"
+        trl = Path(folder) / "completions.csv"
+        start = time.perf_counter()
+        write_verl_jsonl(verl, rows)
+        write_trl_csv(trl, rows)
+        lines.append(f"generated {rows:,} rows each in {time.perf_counter() - start:.0f} s: "
+                     f"{verl.name} {os.path.getsize(verl) / 1e6:.0f} MB, "
+                     f"{trl.name} {os.path.getsize(trl) / 1e6:.0f} MB")
+        # the first diagnose compiles nothing new, but warm the page cache and the kernels
+        measure(_diagnose(trl, "trl") if quick else "import advcal.cli")
+        for label, path, preset, raw in (
+            ("verl JSONL", verl, "verl",
+             f"import pyarrow.json as pj\nt = pj.read_json({str(verl)!r})"),
+            ("TRL CSV", trl, "trl",
+             f"import pyarrow.csv as pc\nt = pc.read_csv({str(trl)!r})"),
+        ):
+            raw_time, raw_rss = measure(raw)
+            time_, rss = measure(_diagnose(path, preset))
+            lines.append(
+                f"{label + ':':<12} diagnose --preset {preset:<5}{time_:7.2f} s "
+                f"{rss / 2**30:5.2f} GiB peak RSS   pyarrow raw read {raw_time:6.2f} s "
+                f"{raw_rss / 2**30:5.2f} GiB   ratio {time_ / raw_time:5.2f}x time, "
+                f"{rss / raw_rss:5.2f}x RSS")
+    return lines
+
+
+def cases(quick: bool) -> list[Case]:
+    size = "10**6" if quick else "10**7"
+    return [Case(f"diagnose on {size}-row verl JSONL and TRL CSV logs (fresh processes)",
+                 {}, "", target="<= 10 s and <= 1.5 GB peak RSS each, at 10**7 rows",
+                 report=lambda: _report(quick))]
