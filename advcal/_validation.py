@@ -168,6 +168,17 @@ class Batch:
             flat = flat[self.order]
         return np.ascontiguousarray(flat, dtype=np.float64)
 
+    def gather_weights(self, per_response: Any, name: str, *, positive: bool = False
+                       ) -> np.ndarray:
+        """:meth:`gather` a per-response array that must be finite and non-negative
+        (positive with ``positive=True``): lengths, token counts, variances."""
+        flat = self.gather(per_response, name)
+        low_ok = flat > 0 if positive else flat >= 0
+        if not (np.isfinite(flat).all() and low_ok.all()):
+            sign = "positive" if positive else "non-negative"
+            raise ValueError(f"`{name}` must be finite and {sign}.")
+        return flat
+
     def restore(self, flat: np.ndarray) -> np.ndarray:
         """Return a per-response result in the layout and order the caller used."""
         if self.shape is not None:

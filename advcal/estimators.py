@@ -325,9 +325,7 @@ def reinforce_pp_baseline(
     if token_counts is None:
         weights = np.ones(values.shape)
     else:
-        weights = call.batch.restore(call.batch.gather(token_counts, "token_counts"))
-        if not (np.isfinite(weights).all() and (weights >= 0).all()):
-            raise ValueError("`token_counts` must be finite and non-negative.")
+        weights = call.batch.restore(call.batch.gather_weights(token_counts, "token_counts"))
     u = centered.astype(np.float64)
     if call.omit:
         weights = np.where(np.isnan(values), 0.0, weights)
@@ -385,9 +383,7 @@ def opo(
     array([[ 0.75, -0.25]])
     """
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
-    weights = call.batch.gather(lengths, "lengths")
-    if not (np.isfinite(weights).all() and (weights > 0).all()):
-        raise ValueError("`lengths` must be finite and positive.")
+    weights = call.batch.gather_weights(lengths, "lengths", positive=True)
     return _finish(call, call.engine.opo(
         call.batch.values, weights, call.batch.offsets, call.raw, call.omit, _limit(call)
     ))

@@ -588,10 +588,7 @@ def _noise_var_iv(batch: Batch, noise: str, noise_var: Any) -> np.ndarray | floa
     if noise_var is None:
         raise ValueError("`noise_var` (per-response variances) is required with "
                          "noise='diagonal'.")
-    var = batch.gather(noise_var, "noise_var")
-    if not (np.isfinite(var).all() and (var >= 0).all()):
-        raise ValueError("`noise_var` must be finite and non-negative.")
-    return var
+    return batch.gather_weights(noise_var, "noise_var")
 
 
 def calibrate_sets(
@@ -850,9 +847,7 @@ def coefficient_sets(
         if noise_var is None:
             raise ValueError("`noise_var` (per-response variances of the training responses) "
                              "is required: the calibration used noise='diagonal'.")
-        var = batch.gather(noise_var, "noise_var")
-        if not (np.isfinite(var).all() and (var >= 0).all()):
-            raise ValueError("`noise_var` must be finite and non-negative.")
+        var = batch.gather_weights(noise_var, "noise_var")
     geo = _geometry(values, batch.offsets, estimator=cal.estimator, eps=cal.eps, ddof=cal.ddof,
                     shape=cal.shape, noise=cal.noise, noise_var=var, ridge=cal.ridge,
                     options=cal.options)
