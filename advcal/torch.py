@@ -24,7 +24,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["advantages", "from_numpy", "maxnorm", "range_advantages", "setgrpo", "to_numpy"]
+from advcal._torch_gram import GradientCapture, last_blocks, response_objectives
+
+__all__ = ["GradientCapture", "advantages", "from_numpy", "last_blocks", "maxnorm",
+           "range_advantages", "response_objectives", "setgrpo", "to_numpy"]
 
 _HALF_NAMES = ("bfloat16", "float16")
 

@@ -1,0 +1,723 @@
+"""Per-response policy-gradient Gram matrices of a torch policy (SetGRPO's K).
+
+GGSR needs, per group, K_ij = ⟨g_i, g_j⟩ with g_i the gradient of response i's policy
+objective J_i.  For a linear layer y = W h + b, ∇_W J_i = Σ_{t∈i} δ_t h_tᵀ with δ_t = ∂J/∂y_t,
+so one forward pass (hooks record every selected layer's input h and output y) and one
+``torch.autograd.grad`` of ΣJ with respect to the recorded outputs give every δ: responses are
+independent rows of the batch, so ∂(Σ_j J_j)/∂y_t = ∂J_i/∂y_t for a token t of response i.
+
+Exact mode sums, layer by layer and group by group, the cheaper of two exact routes:
+materialising G_i = Δ_iᵀ H_i (about T·d_in·d_out per response), or token pairs
+Σ_{t,s} ⟨δ_t, δ_s⟩⟨h_t, h_s⟩ (about (n·T)²·(d_in + d_out) per group).  Sketched mode keeps
+(P_out Δ_iᵀ)(H_i P_inᵀ) with seeded Gaussian or Rademacher P scaled so that E[K̂] = K.
+
+Nothing here writes ``.grad`` or frees the graph: the trainer's own backward pass still runs
+afterwards and gives the same gradients.  This module imports torch only when called.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["GradientCapture", "last_blocks", "response_objectives"]
+
+LOSS_TYPES = ("grpo", "dr_grpo", "bnpo", "dapo")
+SKETCHES = ("gaussian", "rademacher")
+OUTPUTS = ("numpy", "tensor")
+PRESETS = ("all", "lora")
+# Elements of one materialised block of per-response gradients (route "materialise"): a
+# layer wider than this is done in slices of its output rows, so memory stays bounded.
+WORKSPACE = 1 << 24
+# Tests set this to "materialise" or "pairs" to run one exact route everywhere.
+_FORCE_ROUTE: str | None = None
+
+
+def _torch() -> Any:
+    try:
+        return importlib.import_module("torch")
+    except ImportError:  # pragma: no cover - exercised only without torch
+        raise ImportError("advcal.torch.GradientCapture needs PyTorch; install it "
+                          "(pip install torch).") from None
+
+
+def _conv1d_type() -> Any:
+    """transformers' Conv1D (GPT-2 style, weight stored (d_in, d_out)) if transformers is
+    already imported; a model built from it imported it, so nothing is imported here."""
+    module = sys.modules.get("transformers.pytorch_utils")
+    return getattr(module, "Conv1D", None)
+
+
+def _is_linear(module: Any) -> bool:
+    torch = _torch()
+    conv1d = _conv1d_type()
+    return isinstance(module, torch.nn.Linear) or (conv1d is not None
+                                                    and isinstance(module, conv1d))
+
+
+class _Layer:
+    """A selected layer and which of its parameters the Gram matrix covers."""
+
+    __slots__ = ("name", "module", "weight", "bias")
+
+    def __init__(self, name: str, module: Any) -> None:
+        self.name = name
+        self.module = module
+        self.weight = bool(module.weight.requires_grad)
+        bias = getattr(module, "bias", None)
+        self.bias = bias is not None and bool(bias.requires_grad)
+
+    @property
+    def trainable(self) -> bool:
+        return self.weight or self.bias
+
+    def parameters(self) -> list[Any]:
+        out = [self.module.weight] if self.weight else []
+        return out + ([self.module.bias] if self.bias else [])
+
+
+def _attention_internals(torch: Any, model: Any) -> dict[int, str]:
+    """Linear modules inside nn.MultiheadAttention: it uses their weights through
+    F.multi_head_attention_forward without calling them, so hooks never see them."""
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.MultiheadAttention):
+            for child_name, child in module.named_modules():
+                if child is not module:
+                    out[id(child)] = f"{name}.{child_name}" if name else child_name
+    return out
+
+
+def _resolve_layers(model: Any, layers: Any) -> list[_Layer]:
+    torch = _torch()
+    named = list(model.named_modules())
+    hidden = _attention_internals(torch, model)
+    linear = [(name, m) for name, m in named if _is_linear(m) and id(m) not in hidden]
+    explicit: list[tuple[str, Any]] = []
+    if layers is None or (isinstance(layers, str) and layers == "all"):
+        chosen = linear
+    elif isinstance(layers, str):
+        if layers != "lora":
+            raise ValueError(f"`layers` must be one of {PRESETS}, a list of modules or names, "
+                             f"or a predicate; got {layers!r}.")
+        chosen = [(name, m) for name, m in linear
+                  if any(part.startswith(("lora_A", "lora_B")) for part in name.split("."))]
+        if not chosen:
+            raise ValueError("`layers='lora'` found no LoRA adapter (no linear submodule under "
+                             "a `lora_A` or `lora_B` name) in `model`.")
+    elif callable(layers) and not isinstance(layers, torch.nn.Module):
+        chosen = [(name, m) for name, m in linear if layers(name, m)]
+    else:
+        items = [layers] if isinstance(layers, (torch.nn.Module, str)) else layers
+        try:
+            items = list(items)
+        except TypeError:
+            raise TypeError("`layers` must be None, 'all', 'lora', a module, a list of modules "
+                            f"or names, or a predicate; got {type(layers).__name__}.") from None
+        names = {id(m): name for name, m in named}
+        chosen = []
+        for item in items:
+            if isinstance(item, str):
+                try:
+                    module = model.get_submodule(item)
+                except AttributeError:
+                    raise ValueError(f"`layers`: {item!r} is not a submodule of `model`.") \
+                        from None
+                name = item
+            elif isinstance(item, torch.nn.Module):
+                if id(item) not in names:
+                    raise ValueError(f"`layers`: the {type(item).__name__} given is not a "
+                                     "submodule of `model`.")
+                module, name = item, names[id(item)]
+            else:
+                raise TypeError("`layers` items must be modules or submodule names; got "
+                                f"{type(item).__name__}.")
+            if id(module) in hidden:
+                raise TypeError(f"`layers`: {name!r} ({type(module).__name__}) belongs to an "
+                                "nn.MultiheadAttention, which uses its weights without calling "
+                                "it, so its gradients cannot be captured.")
+            if _is_linear(module):
+                explicit.append((name, module))
+                continue
+            inside = [(f"{name}.{sub}" if name else sub, m)
+                      for sub, m in module.named_modules()
+                      if _is_linear(m) and id(m) not in hidden]
+            if not inside:
+                raise TypeError(f"`layers`: {name!r} is a {type(module).__name__}, which is not "
+                                "a supported layer (nn.Linear, transformers' Conv1D) and "
+                                "contains none.")
+            chosen.extend(inside)
+        for name, module in explicit:
+            if not _Layer(name, module).trainable:
+                raise ValueError(f"`layers`: {name!r} has no trainable parameter "
+                                 "(requires_grad is False).")
+        chosen = explicit + chosen
+    seen: set[int] = set()
+    resolved = []
+    for name, module in chosen:
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        layer = _Layer(name, module)
+        if layer.trainable:
+            resolved.append(layer)
+    if not resolved:
+        raise ValueError("`layers` selects no linear layer with trainable parameters in "
+                         "`model`.")
+    return resolved
+
+
+def last_blocks(model: Any, k: int, *, head: bool = True) -> Callable[[str, Any], bool]:
+    """A layer selection: the linear layers of the last ``k`` blocks, plus the LM head.
+
+    The blocks are the entries of the model's longest ``nn.ModuleList`` (the decoder layers
+    of a transformers model, ``nn.TransformerEncoder.layers``, ...); the head is
+    ``model.get_output_embeddings()`` when the model has one.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The policy.
+    k : int
+        Number of blocks, counted from the output side; at least 1.
+    head : bool, default True
+        Also select the output head.
+
+    Returns
+    -------
+    callable
+        A predicate ``(name, module) -> bool`` for ``GradientCapture(model, layers=...)``.
+
+    Examples
+    --------
+    >>> import pytest; torch = pytest.importorskip("torch")
+    >>> from advcal.torch import GradientCapture, last_blocks
+    >>> model = torch.nn.Sequential(
+    ...     torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)]),
+    ...     torch.nn.Linear(4, 2))
+    >>> select = last_blocks(model, 1, head=False)
+    >>> [name for name, m in model.named_modules() if select(name, m)]
+    ['0.2']
+    """
+    torch = _torch()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"`model` must be a torch.nn.Module; got {type(model).__name__}.")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"`k` must be a positive integer; got {k!r}.")
+    lists = [(name, m) for name, m in model.named_modules()
+             if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not lists:
+        raise ValueError("`model` has no nn.ModuleList of blocks.")
+    _, blocks = max(lists, key=lambda item: len(item[1]))  # first of the longest
+    chosen = {id(m) for block in list(blocks)[-int(k):] for m in block.modules()}
+    if head:
+        get_head = getattr(model, "get_output_embeddings", None)
+        module = get_head() if callable(get_head) else None
+        if module is None:
+            raise ValueError("`model` has no get_output_embeddings(); pass head=False and "
+                             "select the head by name.")
+        chosen.add(id(module))
+
+    def select(name: str, module: Any) -> bool:
+        return id(module) in chosen
+
+    return select
+
+
+def _group_layout(n: int, offsets: Any, group_ids: Any, group_size: Any
+                  ) -> tuple[list[np.ndarray | slice], tuple[int, int] | None]:
+    """The responses of each group in output order, and the dense shape if any."""
+    from advcal._validation import check_offsets
+    from advcal.layouts import groups_from_ids
+
+    given = [name for name, value in (("offsets", offsets), ("group_ids", group_ids),
+                                      ("group_size", group_size)) if value is not None]
+    if len(given) != 1:
+        raise ValueError("pass exactly one of `offsets`, `group_ids` (flat blocks) or "
+                         f"`group_size` ((B, G, G) blocks); got {given or 'none'}.")
+    if group_size is not None:
+        if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) \
+                or group_size < 1:
+            raise ValueError(f"`group_size` must be a positive integer; got {group_size!r}.")
+        g = int(group_size)
+        if n % g:
+            raise ValueError(f"`objectives` has {n} entries, not a multiple of "
+                             f"`group_size`={g}.")
+        return [slice(q * g, (q + 1) * g) for q in range(n // g)], (n // g, g)
+    if offsets is not None:
+        if _torch().is_tensor(offsets):
+            offsets = offsets.detach().cpu().numpy()
+        try:
+            off = check_offsets(offsets, n)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("number of rewards", "length of `objectives`")) \
+                from None
+        return [slice(int(a), int(b)) for a, b in zip(off[:-1], off[1:], strict=True)], None
+    if _torch().is_tensor(group_ids):
+        group_ids = group_ids.detach().cpu().numpy()
+    index = groups_from_ids(group_ids)
+    if index.order.size != n:
+        raise ValueError(f"`group_ids` must have one label per objective ({n}); got "
+                         f"{index.order.size}.")
+    off = index.offsets
+    return [index.order[a:b] for a, b in zip(off[:-1], off[1:], strict=True)], None
+
+
+def _sketch_sides(d_out: int, d_in: int, k: int) -> tuple[int, int] | None:
+    """(k_out, k_in) with k_out·k_in ≤ k, as even as the layer allows; None when the layer
+    has at most k weights (then it is done exactly: as cheap, and no error)."""
+    if d_out * d_in <= k:
+        return None
+    root = math.isqrt(k)
+    if d_out <= d_in:
+        k_out = min(d_out, root)
+        return k_out, min(d_in, k // k_out)
+    k_in = min(d_in, root)
+    return min(d_out, k // k_in), k_in
+
+
+def _projection(torch: Any, rows: int, cols: int, kind: str, seed: int, layer: int, side: int
+                ) -> Any:
+    """A (rows, cols) random matrix with E[PᵀP] = I, from its own seeded stream; drawn on the
+    CPU so that every device gets the same matrix for the same seed."""
+    state = np.random.SeedSequence([seed, layer, side]).generate_state(2, dtype=np.uint32)
+    gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    if kind == "gaussian":
+        p = torch.randn(rows, cols, generator=gen, dtype=torch.float64)
+    else:
+        p = torch.randint(0, 2, (rows, cols), generator=gen).to(torch.float64) * 2 - 1
+    return p / math.sqrt(rows)
+
+
+class GradientCapture:
+    """Capture a forward pass; return per-response policy-gradient Gram matrices.
+
+    Used as a context manager around the forward pass that produces the per-response
+    objectives J_i (one scalar per response, e.g. from :func:`response_objectives`); then
+    :meth:`gram` returns K_ij = ⟨∇J_i, ∇J_j⟩ over the selected layers' trainable parameters,
+    group by group, in the layouts :func:`advcal.setgrpo` and :func:`advcal.select_threshold`
+    take.  Nothing is written into ``.grad`` and the graph is kept, so the trainer's own
+    ``backward`` runs afterwards unchanged.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The policy.  Its rows along ``batch_dim`` must be independent responses (no
+        batch normalisation across them).
+    layers : None, "all", "lora", module, list of modules or names, or callable
+        Which layers the Gram matrix covers.  ``None``/``"all"``: every ``nn.Linear`` and
+        transformers ``Conv1D`` with a trainable parameter.  ``"lora"``: the LoRA adapters
+        (linear layers under ``lora_A``/``lora_B`` names, as peft builds them).  A list of
+        modules or names: those linear layers, and every linear layer inside a named
+        container.  A callable ``(name, module) -> bool`` is asked about every linear layer
+        (see :func:`last_blocks`).  Only parameters with ``requires_grad`` are covered; the
+        weights of ``nn.MultiheadAttention`` are not (it does not call its projections).
+    sketch_dim : int, optional
+        Exact Gram matrices when None.  Otherwise each layer's gradient is projected to at
+        most ``sketch_dim`` numbers by a Kronecker-structured random projection
+        (P_out Δᵀ)(H P_inᵀ); the estimate is unbiased, E[K̂] = K.  Layers with at most
+        ``sketch_dim`` weights and every bias are kept exactly.
+    seed : int, default 0
+        Seed of the projections (the same seed gives the same projections on any device).
+    sketch : {"gaussian", "rademacher"}, default "gaussian"
+        Distribution of the projection entries.
+    batch_dim : int, default 0
+        The axis of the layers' inputs and outputs that indexes responses (1 for
+        sequence-first models).
+
+    Attributes
+    ----------
+    layers : list of str
+        Names of the layers the Gram matrix covers.
+
+    Examples
+    --------
+    >>> import pytest; torch = pytest.importorskip("torch")
+    >>> from advcal.torch import GradientCapture
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(),
+    ...                             torch.nn.Linear(4, 1)).double()
+    >>> x = torch.randn(4, 3, dtype=torch.float64)
+    >>> with GradientCapture(model) as capture:
+    ...     objectives = model(x)[:, 0]
+    >>> gram = capture.gram(objectives, group_size=2)
+    >>> gram.shape, gram.dtype
+    ((2, 2, 2), dtype('float64'))
+    >>> grads = [torch.cat([g.reshape(-1) for g in torch.autograd.grad(
+    ...     j, list(model.parameters()), retain_graph=True)]) for j in model(x)[:, 0]]
+    >>> bool(abs(gram[1, 0, 1] - grads[2] @ grads[3]) < 1e-12)
+    True
+    """
+
+    def __init__(self, model: Any, layers: Any = None, *, sketch_dim: int | None = None,
+                 seed: int = 0, sketch: str = "gaussian", batch_dim: int = 0) -> None:
+        torch = _torch()
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"`model` must be a torch.nn.Module; got {type(model).__name__}.")
+        if sketch_dim is not None and (isinstance(sketch_dim, bool)
+                                       or not isinstance(sketch_dim, (int, np.integer))
+                                       or sketch_dim < 1):
+            raise ValueError(f"`sketch_dim` must be None or a positive integer; got "
+                             f"{sketch_dim!r}.")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"`seed` must be a non-negative integer; got {seed!r}.")
+        if sketch not in SKETCHES:
+            raise ValueError(f"`sketch` must be one of {SKETCHES}; got {sketch!r}.")
+        if isinstance(batch_dim, bool) or not isinstance(batch_dim, (int, np.integer)):
+            raise TypeError(f"`batch_dim` must be an integer; got {batch_dim!r}.")
+        self._model = model
+        self._layers = _resolve_layers(model, layers)
+        self._sketch_dim = None if sketch_dim is None else int(sketch_dim)
+        self._seed = int(seed)
+        self._sketch = sketch
+        self._batch_dim = int(batch_dim)
+        self._handles: list[Any] = []
+        self._records: list[list[tuple[Any, int, Any, int]]] | None = None
+        self._state = "new"
+
+    @property
+    def layers(self) -> list[str]:
+        return [layer.name for layer in self._layers]
+
+    def parameters(self) -> list[Any]:
+        """The parameters whose gradients the Gram matrix covers, layer by layer."""
+        return [p for layer in self._layers for p in layer.parameters()]
+
+    # ------------------------------------------------------------------ hooks
+
+    def __enter__(self) -> GradientCapture:
+        if self._state != "new":
+            raise RuntimeError("a GradientCapture records one forward pass; create a new one "
+                               "for each batch.")
+        self._state = "recording"
+        self._records = [[] for _ in self._layers]
+        try:
+            for index, layer in enumerate(self._layers):
+                self._handles.append(layer.module.register_forward_hook(
+                    self._hook(index), with_kwargs=True))
+        except BaseException:
+            self._remove()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._remove()
+        self._state = "recorded"
+
+    def _remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _hook(self, index: int) -> Callable[..., None]:
+        torch = _torch()
+        records = self._records
+        assert records is not None
+
+        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+                 ) -> None:
+            if not (torch.is_tensor(output) and output.requires_grad):
+                return  # under no_grad (e.g. old log-probabilities): nothing to differentiate
+            x = args[0] if args else next(iter(kwargs.values()))
+            x = x.detach()  # shares the version counter: in-place edits stay detectable
+            records[index].append((x, x._version, output, output._version))
+
+        return hook
+
+    # ------------------------------------------------------------------ Gram
+
+    def gram(self, objectives: Any, offsets: Any = None, group_ids: Any = None, *,
+             group_size: int | None = None, output: str = "numpy") -> Any:
+        """Gram matrices of the responses' policy gradients, group by group.
+
+        Call it after the forward pass (inside or after the ``with`` block) and before the
+        trainer's ``backward`` (which frees the graph).  Once per capture: it releases the
+        recorded activations.
+
+        Parameters
+        ----------
+        objectives : torch.Tensor, shape (N,)
+            One scalar objective per response, computed from the forward pass under this
+            capture (:func:`response_objectives`); response i must be row i of the batch.
+        offsets : array_like of int, shape (B + 1,), optional
+            CSR group boundaries: flat row-major n_q × n_q blocks in group order.
+        group_ids : sequence of hashable, length N, optional
+            Per-response group labels: flat blocks, groups in order of first appearance,
+            rows in the responses' order within a group (as :func:`advcal.setgrpo` takes
+            them with ``group_ids``).
+        group_size : int, optional
+            Consecutive groups of ``group_size`` responses: ``(B, G, G)`` blocks, for dense
+            ``(B, G)`` rewards.
+        output : {"numpy", "tensor"}, default "numpy"
+            A float64 numpy array, or a tensor on the model's device in the accumulation
+            dtype (float64 for float64 models, float32 otherwise).
+
+        Returns
+        -------
+        ndarray or torch.Tensor
+            ``(B, G, G)`` with ``group_size``; flat blocks of length Σ n_q² otherwise.
+        """
+        torch = _torch()
+        if output not in OUTPUTS:
+            raise ValueError(f"`output` must be one of {OUTPUTS}; got {output!r}.")
+        if self._state == "new":
+            raise RuntimeError("run the forward pass inside `with capture:` before gram().")
+        if self._state == "done":
+            raise RuntimeError("gram() was already called on this capture (it releases the "
+                               "recorded activations); create a new GradientCapture.")
+        if not torch.is_tensor(objectives):
+            raise TypeError(f"`objectives` must be a torch.Tensor; got "
+                            f"{type(objectives).__name__}.")
+        if objectives.ndim != 1 or objectives.numel() == 0:
+            raise ValueError("`objectives` must be a non-empty 1-D tensor (one scalar per "
+                             f"response); got shape {tuple(objectives.shape)}.")
+        if not objectives.is_floating_point():
+            raise TypeError(f"`objectives` must be floating point; got {objectives.dtype}.")
+        if objectives.grad_fn is None:
+            raise ValueError("`objectives` has no grad_fn: compute it from the forward pass "
+                             "under the capture, with gradients enabled.")
+        n = int(objectives.shape[0])
+        groups, dense = _group_layout(n, offsets, group_ids, group_size)
+        records = self._records
+        assert records is not None
+        flat = [(index, rec) for index, layer_records in enumerate(records)
+                for rec in layer_records]
+        if not flat:
+            raise ValueError("`objectives` was not produced under the capture: no selected "
+                             "layer ran with gradients enabled inside the `with` block.")
+        for index, (x, x_version, y, y_version) in flat:
+            if x._version != x_version or y._version != y_version:
+                what = "input" if x._version != x_version else "output"
+                raise ValueError(f"layer {self._layers[index].name!r}: its {what} was "
+                                 "modified in place after the layer ran, so the recorded "
+                                 "values are not those the gradient flowed through.")
+        for index, (x, _, y, _) in flat:  # before anything is consumed
+            name = self._layers[index].name
+            self._check_rows(x, n, name, "input")
+            self._check_rows(y, n, name, "output")
+        try:
+            deltas = torch.autograd.grad(objectives.sum(), [rec[2] for _, rec in flat],
+                                         retain_graph=True, allow_unused=True)
+        except RuntimeError as exc:
+            if "backward through the graph a second time" in str(exc):
+                raise RuntimeError("the graph was freed (a backward pass ran first): call "
+                                   "gram() before the trainer's backward.") from exc
+            raise
+        if all(d is None for d in deltas):
+            raise ValueError("`objectives` was not produced under the capture: it does not "
+                             "depend on any recorded layer output.")
+        params = self.parameters()
+        acc = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
+        device = params[0].device
+        blocks = [torch.zeros(_size(g, n), _size(g, n), dtype=acc, device=device)
+                  for g in groups]
+        per_layer: list[list[tuple[Any, Any]]] = [[] for _ in self._layers]
+        for (index, (x, _, _, _)), delta in zip(flat, deltas, strict=True):
+            if delta is not None:
+                per_layer[index].append((x, delta))
+        self._records = None  # the activations are released as the layers are done
+        self._state = "done"
+        del flat, deltas
+        for index, pairs in enumerate(per_layer):
+            if pairs:
+                self._accumulate(index, pairs, n, groups, blocks, acc)
+            per_layer[index] = []
+        # Each product G Gᵀ is symmetric only up to rounding; GGSR checks symmetry.
+        blocks = [(b + b.T) / 2 for b in blocks]
+        out = torch.stack(blocks) if dense is not None else torch.cat(
+            [b.reshape(-1) for b in blocks])
+        if output == "tensor":
+            return out
+        return out.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+    def _token_rows(self, tensor: Any, n: int, name: str, what: str) -> Any:
+        """(N, tokens, features) view of a layer input or output."""
+        self._check_rows(tensor, n, name, what)
+        moved = tensor.movedim(self._batch_dim, 0)
+        return moved.reshape(n, -1, moved.shape[-1])
+
+    def _check_rows(self, tensor: Any, n: int, name: str, what: str) -> None:
+        dim = self._batch_dim
+        if tensor.ndim < 2 or not -tensor.ndim <= dim < tensor.ndim \
+                or tensor.shape[dim] != n:
+            raise ValueError(f"layer {name!r}: its {what} has shape {tuple(tensor.shape)}, "
+                             f"whose axis batch_dim={dim} is not the {n} responses of "
+                             "`objectives`.")
+        if dim % tensor.ndim == tensor.ndim - 1:
+            raise ValueError(f"`batch_dim`={dim} is the feature axis of layer {name!r}.")
+
+    def _accumulate(self, index: int, pairs: list[tuple[Any, Any]], n: int,
+                    groups: list[Any], blocks: list[Any], acc: Any) -> None:
+        torch = _torch()
+        layer = self._layers[index]
+        hs = [self._token_rows(x, n, layer.name, "input") for x, _ in pairs]
+        ds = [self._token_rows(d, n, layer.name, "output") for _, d in pairs]
+        h = hs[0] if len(hs) == 1 else torch.cat(hs, dim=1)
+        d = ds[0] if len(ds) == 1 else torch.cat(ds, dim=1)
+        del hs, ds, pairs
+        d_in, d_out = int(h.shape[-1]), int(d.shape[-1])
+        sides = None
+        if self._sketch_dim is not None and layer.weight:
+            sides = _sketch_sides(d_out, d_in, self._sketch_dim)
+        p_out = p_in = None
+        if sides is not None:
+            k_out, k_in = sides
+            if k_out < d_out:
+                p_out = _projection(torch, k_out, d_out, self._sketch, self._seed, index,
+                                    0).to(device=d.device, dtype=acc)
+            if k_in < d_in:
+                p_in = _projection(torch, k_in, d_in, self._sketch, self._seed, index,
+                                   1).to(device=h.device, dtype=acc)
+        for group, block in zip(groups, blocks, strict=True):
+            size = block.shape[0]
+            if size == 0:
+                continue
+            dg = d[group].to(acc)
+            if layer.bias:
+                s = dg.sum(dim=1)
+                block += s @ s.T
+            if not layer.weight:
+                continue
+            hg = h[group].to(acc)
+            if sides is not None:
+                a = dg if p_out is None else dg @ p_out.T
+                b = hg if p_in is None else hg @ p_in.T
+                sk = torch.bmm(a.transpose(1, 2), b).reshape(size, -1)
+                block += sk @ sk.T
+            else:
+                _exact_weight_block(torch, dg, hg, block)
+
+
+def _size(group: Any, n: int) -> int:
+    if isinstance(group, slice):
+        return len(range(*group.indices(n)))
+    return int(group.size)
+
+
+def _exact_weight_block(torch: Any, d: Any, h: Any, block: Any) -> None:
+    """block += Σ_{t∈i, s∈j} ⟨δ_t, δ_s⟩⟨h_t, h_s⟩ for one group, by the cheaper route."""
+    n, t, d_out = d.shape
+    d_in = h.shape[-1]
+    materialise = n * t * d_out * d_in + n * n * d_out * d_in
+    pairs = (n * t) ** 2 * (d_in + d_out + 1)
+    route = _FORCE_ROUTE or ("pairs" if pairs < materialise else "materialise")
+    if route == "pairs":
+        df = d.reshape(n * t, d_out)
+        hf = h.reshape(n * t, d_in)
+        prod = (df @ df.T) * (hf @ hf.T)
+        block += prod.reshape(n, t, n, t).sum(dim=(1, 3))
+        return
+    rows = max(1, WORKSPACE // max(1, n * d_in))
+    dt = d.transpose(1, 2)
+    for start in range(0, d_out, rows):
+        g = torch.bmm(dt[:, start:start + rows], h).reshape(n, -1)
+        block += g @ g.T
+
+
+def response_objectives(
+    per_token_logps: Any,
+    completion_mask: Any,
+    *,
+    loss_type: str = "grpo",
+    max_completion_length: int | None = None,
+    num_items_in_batch: Any = None,
+    num_processes: int = 1,
+    gradient_accumulation_steps: int = 1,
+) -> Any:
+    """Per-response policy objectives J_i with the normalisation of a trainer's loss.
+
+    With these J_i, the GRPO-family loss at the current policy (importance ratio 1, no
+    clipping active, no KL term) is −Σ_i A_i J_i, so its gradient is −Σ_i A_i ∇J_i: the
+    coefficients that SetGRPO returns in place of the advantages A multiply exactly the
+    gradients whose Gram matrix :class:`GradientCapture` computes from these objectives.
+
+    Parameters
+    ----------
+    per_token_logps : torch.Tensor, shape (N, T)
+        Log-probabilities of the completion tokens under the policy (with gradients).
+    completion_mask : torch.Tensor, shape (N, T)
+        1 for completion tokens that enter the loss, 0 for padding (bool, int or float).
+    loss_type : {"grpo", "dr_grpo", "bnpo", "dapo"}, default "grpo"
+        The normalisation, as TRL's ``GRPOTrainer`` applies it: ``"grpo"`` a per-sequence
+        mean (J_i = Σ_t m_it·logp_it / (|o_i|·N)); ``"dr_grpo"`` a token sum over the
+        constant N·``max_completion_length``; ``"bnpo"`` per token over the batch (over the
+        mask's sum); ``"dapo"`` per token over ``num_items_in_batch`` / ``num_processes``.
+    max_completion_length : int, optional
+        For ``"dr_grpo"``; defaults to T.
+    num_items_in_batch : int or tensor, optional
+        For ``"dapo"``: completion tokens of the whole generation batch over all processes;
+        defaults to this batch's mask sum times ``num_processes``.
+    num_processes : int, default 1
+        For ``"dapo"``: the number of data-parallel processes.
+    gradient_accumulation_steps : int, default 1
+        The divisor TRL applies to ``"grpo"``, ``"dr_grpo"`` and ``"bnpo"`` losses.
+
+    Returns
+    -------
+    torch.Tensor, shape (N,)
+        J_i, differentiable; float32 for half-precision log-probabilities.
+
+    Examples
+    --------
+    >>> import pytest; torch = pytest.importorskip("torch")
+    >>> from advcal.torch import response_objectives
+    >>> logps = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, 0.0]])
+    >>> mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    >>> response_objectives(logps, mask)                      # mean per sequence, / N
+    tensor([-1.0000, -0.2500])
+    >>> response_objectives(logps, mask, loss_type="dr_grpo")  # sum / (N * T)
+    tensor([-1.0000, -0.1667])
+    >>> response_objectives(logps, mask, loss_type="bnpo")     # sum / 5 tokens
+    tensor([-1.2000, -0.2000])
+    """
+    torch = _torch()
+    if not torch.is_tensor(per_token_logps) or not per_token_logps.is_floating_point():
+        raise TypeError("`per_token_logps` must be a floating torch.Tensor.")
+    if per_token_logps.ndim != 2:
+        raise ValueError("`per_token_logps` must be 2-D (responses, tokens); got shape "
+                         f"{tuple(per_token_logps.shape)}.")
+    if not torch.is_tensor(completion_mask):
+        raise TypeError("`completion_mask` must be a torch.Tensor.")
+    if completion_mask.shape != per_token_logps.shape:
+        raise ValueError(f"`completion_mask` must have shape {tuple(per_token_logps.shape)}; "
+                         f"got {tuple(completion_mask.shape)}.")
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"`loss_type` must be one of {LOSS_TYPES}; got {loss_type!r}.")
+    for value, name in ((num_processes, "num_processes"),
+                        (gradient_accumulation_steps, "gradient_accumulation_steps")):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+    logps = per_token_logps
+    if logps.dtype in (torch.float16, torch.bfloat16):
+        logps = logps.float()
+    mask = completion_mask.to(device=logps.device, dtype=logps.dtype)
+    sums = (logps * mask).sum(dim=1)
+    n, t = logps.shape
+    if loss_type == "grpo":
+        return sums / (mask.sum(dim=1).clamp(min=1.0) * (n * gradient_accumulation_steps))
+    if loss_type == "dr_grpo":
+        length = t if max_completion_length is None else max_completion_length
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
+            raise ValueError("`max_completion_length` must be a positive integer; got "
+                             f"{max_completion_length!r}.")
+        return sums / (n * int(length) * gradient_accumulation_steps)
+    if loss_type == "bnpo":
+        return sums / (mask.sum().clamp(min=1.0) * gradient_accumulation_steps)
+    if num_items_in_batch is None:
+        items = mask.sum() * num_processes
+    else:
+        items = torch.as_tensor(num_items_in_batch, dtype=logps.dtype, device=logps.device)
+        if items.ndim != 0 or not bool(torch.isfinite(items)) or bool(items < 0):
+            raise ValueError("`num_items_in_batch` must be a non-negative scalar; got "
+                             f"{num_items_in_batch!r}.")
+    return sums / (items.clamp(min=1.0) / num_processes)
+
+
+for _obj in (GradientCapture, last_blocks, response_objectives):
+    _obj.__module__ = "advcal.torch"
