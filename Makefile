@@ -33,9 +33,12 @@ lint: $(STAMP_DEV)
 typecheck: $(STAMP_DEV)
 	$(BIN)/mypy
 
-$(STAMP_TORCH): | $(STAMP_DEV)
+# transformers and peft (GradientCapture's tests) go in after the torch wheel, so that pip
+# finds torch in place and fetches no other build of it.
+$(STAMP_TORCH): pyproject.toml | $(STAMP_DEV)
 ifneq ($(TORCH_WHEEL),)
 	-$(BIN)/pip install -q "$(TORCH_WHEEL)"
+	-$(BIN)/pip install -q -e ".[torch-test]"
 endif
 	touch $@
 
