@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core.extending import intrinsic
 
 from advcal._kernels.pool import compile_serial, run_over_groups
 
@@ -24,6 +26,29 @@ from advcal._kernels.pool import compile_serial, run_over_groups
 # division (a reciprocal of a subnormal ``s`` overflows).  No "nnan"/"ninf": the NaN and
 # inf tests must survive.
 FASTMATH = frozenset({"nsz", "reassoc"})
+
+
+def _no_nan(name):
+    """The LLVM intrinsic ``name`` (llvm.minnum or llvm.maxnum) of two float64 values,
+    flagged "nnan": the only form of a running min/max that LLVM vectorizes (numba's min
+    and max stay scalar, and made the kernel about twice as slow).  A NaN operand gives an
+    unspecified value: the callers flag such a group from its NaN count or sum."""
+
+    def typing(typingctx, a, b):
+        def codegen(context, builder, signature, args):
+            double = ir.DoubleType()
+            fn = builder.module.declare_intrinsic(name, [double],
+                                                  ir.FunctionType(double, [double, double]))
+            return builder.call(fn, args, fastmath=("nnan", "nsz"))
+
+        return types.float64(types.float64, types.float64), codegen
+
+    typing.__name__ = typing.__qualname__ = name.replace(".", "_") + "_no_nan"
+    return intrinsic(typing)
+
+
+_min_no_nan = _no_nan("llvm.minnum")
+_max_no_nan = _no_nan("llvm.maxnum")
 
 
 @njit(inline="always")
@@ -53,6 +78,54 @@ def _weight(b, shift, mean, factor, s, dead_zone):
     return min(max(u / s, -1.0), 1.0)
 
 
+@njit(inline="always")
+def _scan(g, lo, hi, clip, inv_delta, kmax, omit_nan):
+    """Statistics of the valid rewards of one group: count, shift (the first binned
+    reward: a zero-gap group then centers to exact 0), sum of binned rewards minus the
+    shift, smallest and largest binned reward, whether a reward is not finite, and
+    whether one lies outside ``[lo, hi]``.  Reads only, so the sum's order cannot depend
+    on where the output lies.  Loops run over the whole group (a loop from an offset
+    vectorized badly); an omitted NaN is replaced by the first valid reward, which adds
+    0 and moves no extreme."""
+    n = g.size
+    start = 0
+    if omit_nan:
+        n = 0
+        for i in range(g.size):
+            n += not math.isnan(g[i])
+        while start < g.size and math.isnan(g[start]):
+            start += 1
+    if n == 0:
+        return 0, 0.0, 0.0, math.inf, -math.inf, False, False
+    first = np.float64(g[start])
+    shift = _bin(first, lo, hi, clip, inv_delta, kmax)
+    total = 0.0
+    low = math.inf
+    high = -math.inf
+    if clip or inv_delta != 0.0 or omit_nan:
+        n_nan = 0
+        for i in range(g.size):
+            v = np.float64(g[i])
+            v = first if omit_nan and math.isnan(v) else v
+            n_nan += v != v
+            total += _bin(v, lo, hi, clip, inv_delta, kmax) - shift
+            low = _min_no_nan(low, v)
+            high = _max_no_nan(high, v)
+        bad = n_nan > 0
+    else:  # the common call: a NaN or inf reward makes the sum non-finite
+        for i in range(g.size):
+            v = np.float64(g[i])
+            total += v - shift
+            low = _min_no_nan(low, v)
+            high = _max_no_nan(high, v)
+        bad = not math.isfinite(total)
+    # (no branch on low/high, which a NaN leaves unspecified; its group is flagged)
+    bad = bad | (not math.isfinite(low)) | (not math.isfinite(high))
+    # binning is monotone: the extreme rewards give the extreme bins
+    return (n, shift, total, _bin(low, lo, hi, clip, inv_delta, kmax),
+            _bin(high, lo, hi, clip, inv_delta, kmax), bad, (low < lo) | (high > hi))
+
+
 def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi, clip,
             inv_delta, kmax, omit_nan, weights, out):
     """Binned rewards (``weights`` False: omitted NaN stay NaN) or MaxNorm weights
@@ -65,43 +138,22 @@ def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi
     for q in range(offsets.size - 1):
         g = x[offsets[q]:offsets[q + 1]]
         o = out[offsets[q]:offsets[q + 1]]
-        # Pass 1 reads only: the sum's order cannot depend on where the output lies.
-        n = 0
-        shift = 0.0  # the first binned reward: a zero-gap group centers to exact 0
-        total = 0.0
-        bmin = math.inf
-        bmax = -math.inf
-        finite = True
-        outside = False
-        for i in range(g.size):
-            v = np.float64(g[i])
-            if omit_nan and math.isnan(v):
-                continue
-            finite &= abs(v) < math.inf
-            outside |= (v < lo) | (v > hi)
-            b = _bin(v, lo, hi, clip, inv_delta, kmax)
-            if n == 0:
-                shift = b
-            total += b - shift
-            bmin = min(bmin, b)
-            bmax = max(bmax, b)
-            n += 1
+        n, shift, total, bmin, bmax, bad, outside = _scan(g, lo, hi, clip, inv_delta, kmax,
+                                                          omit_nan)
         n_out += outside
         if per_group:
             keep[q] = n >= 2 and bmin != bmax
         if not weights:
             for i in range(g.size):
-                v = np.float64(g[i])
-                o[i] = math.nan if omit_nan and math.isnan(v) else _bin(v, lo, hi, clip,
-                                                                        inv_delta, kmax)
-            n_bad += not finite
+                o[i] = _bin(np.float64(g[i]), lo, hi, clip, inv_delta, kmax)  # NaN stays NaN
+            n_bad += bad
             continue
         if per_group:
             scale[q] = tau
-        if not finite or n == 0 or (n == 1 and not raw_singletons):
+        if bad or n == 0 or (n == 1 and not raw_singletons):
             for i in range(g.size):
                 o[i] = 0.0
-            n_bad += not finite
+            n_bad += bad
             continue
         if n == 1:  # verl's convention for a lone response: baseline 0
             shift = 0.0
@@ -117,13 +169,16 @@ def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi
         s = max(m, tau)
         if per_group:
             scale[q] = s
-        for i in range(g.size):
-            v = np.float64(g[i])
-            if omit_nan and math.isnan(v):
-                o[i] = 0.0
-            else:
-                o[i] = _weight(_bin(v, lo, hi, clip, inv_delta, kmax), shift, mean, factor,
-                               s, dead_zone)
+        if clip or inv_delta != 0.0 or dead_zone != 0.0:
+            for i in range(g.size):
+                b = _bin(np.float64(g[i]), lo, hi, clip, inv_delta, kmax)
+                o[i] = _weight(b, shift, mean, factor, s, dead_zone)
+        else:  # the common call, in a loop that LLVM vectorizes
+            for i in range(g.size):
+                o[i] = _weight(np.float64(g[i]), shift, mean, factor, s, 0.0)
+        if omit_nan:
+            for i in range(g.size):
+                o[i] = 0.0 if math.isnan(g[i]) else o[i]
     return n_bad, n_out
 
 

@@ -24,24 +24,45 @@ def _moments(g, omit_nan):
     """(count, shift, mean of g - shift, sum of squared deviations) of the valid rewards
     of one group.  Deviations are taken from a member of the group (the shift), so a
     constant group has mean and sum of squares exactly 0 in any summation order.  A NaN
-    or inf reward makes the sum of squares non-finite: that is the finiteness check."""
-    start = 0
+    or inf reward makes the sum of squares non-finite: that is the finiteness check.
+    Omitting NaN takes loops of its own: a test per reward keeps the others scalar."""
     if omit_nan:
-        while start < g.size and math.isnan(g[start]):
+        n = 0
+        for i in range(g.size):
+            n += not math.isnan(g[i])
+        if n == 0:
+            return 0, 0.0, 0.0, 0.0
+        start = 0
+        while math.isnan(g[start]):
             start += 1
-    if start == g.size:
+        shift = np.float64(g[start])
+        total = 0.0
+        for i in range(g.size):
+            total += 0.0 if math.isnan(g[i]) else g[i] - shift
+        mean = total / n
+        ss = 0.0
+        for i in range(g.size):
+            d = 0.0 if math.isnan(g[i]) else (g[i] - shift) - mean
+            ss += d * d
+        return n, shift, mean, ss
+    n = g.size
+    if n == 0:
         return 0, 0.0, 0.0, 0.0
-    shift = np.float64(g[start])
-    total = 0.0
-    n = 0
-    for i in range(start, g.size):
-        if not (omit_nan and math.isnan(g[i])):
-            total += g[i] - shift
-            n += 1
-    mean = total / n
-    ss = 0.0
-    for i in range(start, g.size):
-        if not (omit_nan and math.isnan(g[i])):
+    shift = np.float64(g[0])
+    # One pass for both sums (a pass over a small group costs its loop exit).  t2 - t1 *
+    # mean cancels with an error of a few ulps of t2: where t2 > 8 ss (more than 3 bits
+    # lost; the shift lies far out in the group's tail) ss is taken again around the mean.
+    t1 = 0.0
+    t2 = 0.0
+    for i in range(n):
+        d = g[i] - shift
+        t1 += d
+        t2 += d * d
+    mean = t1 / n
+    ss = t2 - t1 * mean
+    if not t2 <= 8.0 * ss:
+        ss = 0.0
+        for i in range(n):
             d = (g[i] - shift) - mean
             ss += d * d
     return n, shift, mean, ss
