@@ -49,7 +49,6 @@ FORMATS = ("csv", "jsonl", "parquet", "npz", "npy")
 REWARD_AGGREGATIONS = ("sum", "normalize_then_sum")
 
 INSTALL_HINT = "pip install 'advcal[logs]'"
-_MISSING = -1  # group code of an empty group id
 _EXAMPLES = 5  # bad rows reported by line
 _BLOCK = 8 << 20  # bytes of text parsed at a time
 _NPZ_ROWS = 1 << 20  # rows of an array digested at a time
@@ -337,54 +336,57 @@ def _first_line(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- digest
 
 
-class _Encoder:
-    """Dense integer codes of group ids over the whole file, in order of first appearance.
+def _key_type() -> Any:
+    pa = _pa()
+    return pa.dictionary(pa.int32(), pa.string())
 
-    Only each batch's distinct values pass through Python; JSON ids keep their type, so
-    1, 1.0, true and "1" are four groups.
+
+def _keys_arrow(array: Any) -> Any:
+    """Group ids as a dictionary array of strings (null: no id).
+
+    Strings stay as they are; other scalars are tagged with their type ("\\x00int:1"), so
+    JSON's 1, 1.0, true and "1" are four groups.  The dictionaries of all batches are
+    unified once at the end, in C++: no id passes through Python.
     """
+    pa = _pa()
+    import pyarrow.compute as pc
 
-    def __init__(self) -> None:
-        self.codes: dict[Any, int] = {}
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    t = array.type
+    if pa.types.is_dictionary(t):
+        if pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type):
+            return array.cast(_key_type())
+        array = array.dictionary_decode()
+        t = array.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        encoded = pc.dictionary_encode(array).cast(_key_type())
+        if not pc.any(pc.equal(encoded.dictionary, "")).as_py():
+            return encoded
+        array = pc.if_else(pc.equal(array, ""), pa.scalar(None, t), array)  # "": no id
+        return pc.dictionary_encode(array).cast(_key_type())
+    tag = ("int" if pa.types.is_integer(t) else "float" if pa.types.is_floating(t)
+           else "bool" if pa.types.is_boolean(t) else None)
+    if tag is None:  # lists, structs: no group id
+        return pa.nulls(len(array), _key_type())
+    text = pc.binary_join_element_wise(f"\x00{tag}:", array.cast(pa.string()), "")
+    return pc.dictionary_encode(text).cast(_key_type())
 
-    def _lut(self, keys: Sequence[Any]) -> np.ndarray:
-        codes = self.codes
-        return np.fromiter((codes.setdefault(k, len(codes)) for k in keys), np.int64,
-                           count=len(keys))
 
-    def encode_arrow(self, array: Any) -> np.ndarray:
-        pa = _pa()
-        import pyarrow.compute as pc
-
-        if isinstance(array, pa.ChunkedArray):
-            array = array.combine_chunks()
-        if pa.types.is_dictionary(array.type):
-            encoded = array
+def _keys_python(values: Sequence[Any]) -> Any:
+    """:func:`_keys_arrow` of Python values (the JSON lines parsed one by one)."""
+    pa = _pa()
+    keys: list[str | None] = []
+    for v in values:
+        if v is None or v == "" or isinstance(v, (list, dict)):
+            keys.append(None)
+        elif isinstance(v, str):
+            keys.append(v)
+        elif isinstance(v, bool):
+            keys.append(f"\x00bool:{str(v).lower()}")
         else:
-            encoded = pc.dictionary_encode(array)
-        values = encoded.dictionary.to_pylist()
-        keys = [v if isinstance(v, str) else (type(v).__name__, v) for v in values]
-        lut = self._lut(keys)
-        index = pc.fill_null(encoded.indices, _MISSING).to_numpy(zero_copy_only=False)
-        index = index.astype(np.int64, copy=False)
-        if not lut.size:
-            return np.full(index.size, _MISSING, np.int64)
-        return np.where(index >= 0, lut[np.maximum(index, 0)], _MISSING)
-
-    def encode_python(self, values: Sequence[Any]) -> np.ndarray:
-        keys: list[Any] = []
-        missing = []
-        for i, v in enumerate(values):
-            if v is None or v == "" or isinstance(v, (list, dict)):
-                missing.append(i)
-                keys.append(None)
-            else:
-                keys.append(v if isinstance(v, str) else (type(v).__name__, v))
-        out = np.empty(len(keys), np.int64)
-        codes = self.codes
-        for i, k in enumerate(keys):
-            out[i] = _MISSING if k is None else codes.setdefault(k, len(codes))
-        return out
+            keys.append(f"\x00{type(v).__name__}:{v!r}")
+    return pa.array(keys, pa.string()).dictionary_encode().cast(_key_type())
 
 
 class _Digest:
@@ -397,8 +399,7 @@ class _Digest:
         self.n_rewards = n_rewards
         self.on_bad_row = on_bad_row
         self.unit = unit
-        self.encoders = [_Encoder() for _ in group_cols]
-        self.codes: list[list[np.ndarray]] = [[] for _ in group_cols]
+        self.groups: list[list[Any]] = [[] for _ in group_cols]
         self.values: list[list[np.ndarray]] = [[] for _ in value_cols]
         self.bad = 0
         self.examples: list[tuple[int, str]] = []
@@ -416,16 +417,19 @@ class _Digest:
         self.examples.sort()
         del self.examples[_EXAMPLES:]
 
-    def add(self, codes: list[np.ndarray], values: list[np.ndarray],
+    def add(self, groups: list[Any], values: list[np.ndarray],
             unparsable: Sequence[np.ndarray | None], raw: list[Any], lines: np.ndarray
             ) -> None:
-        """One batch: ``codes`` per group column, float64 ``values`` per value column
+        """One batch: ``groups`` (:func:`_keys_arrow`) per group column, float64 ``values``
+        per value column
         (NaN = missing), ``unparsable`` masks (or None), ``raw`` source of each column
         for messages, ``lines`` the number of each row."""
         n = lines.size
         bad = np.zeros(n, bool)
-        for c in codes:
-            bad |= c == _MISSING
+        missing = [np.asarray(g.is_null().to_numpy(zero_copy_only=False), bool)
+                   for g in groups]
+        for m in missing:
+            bad |= m
         rewards = values[:self.n_rewards]
         finite = [np.isfinite(v) for v in values]
         if self.n_rewards == 1:
@@ -442,23 +446,24 @@ class _Digest:
         if bad.any():
             rows = np.flatnonzero(bad)
             for i in rows[:_EXAMPLES]:
-                reason = self._reason(int(i), codes, values, unparsable, raw)
+                reason = self._reason(int(i), missing, values, unparsable, raw)
                 if self.on_bad_row == "error":
                     raise _RowError(int(lines[i]), f"{self.unit} {int(lines[i])}: {reason}")
                 self._example(int(lines[i]), reason)
             self.bad += rows.size
             keep = ~bad
-            codes = [c[keep] for c in codes]
+            mask = _pa().array(keep)
+            groups = [g.filter(mask) for g in groups]
             values = [v[keep] for v in values]
-        for store, c in zip(self.codes, codes, strict=True):
-            store.append(c)
+        for store, g in zip(self.groups, groups, strict=True):
+            store.append(g)
         for vstore, v in zip(self.values, values, strict=True):
             vstore.append(v)
 
-    def _reason(self, i: int, codes: list[np.ndarray], values: list[np.ndarray],
+    def _reason(self, i: int, missing: list[np.ndarray], values: list[np.ndarray],
                 unparsable: Sequence[np.ndarray | None], raw: list[Any]) -> str:
-        for col, c in zip(self.group_cols, codes, strict=True):
-            if c[i] == _MISSING:
+        for col, m in zip(self.group_cols, missing, strict=True):
+            if m[i]:
                 return f"empty group id in column {col!r}"
         for k, (col, v) in enumerate(zip(self.value_cols, values, strict=True)):
             u = unparsable[k]
@@ -604,25 +609,36 @@ def _list(columns: Sequence[str]) -> str:
 # --------------------------------------------------------------------------- CSV
 
 
+class _Careful(Exception):
+    """The fast pass over a CSV met a row it cannot take: read again, carefully."""
+
+
 def _read_csv(path: Path, compression: str | None, plan_for: Callable[..., _Plan],
               on_bad_row: str, progress: Callable[[int], None] | None
               ) -> tuple[_Plan, _Digest]:
     pa = _pa()
     import pyarrow.csv as pcsv
 
-    def reader(include: Sequence[str] | None, handler: Any) -> Any:
+    def reader(plan: _Plan | None, handler: Any, careful: bool) -> Any:
         stream, raw = _open_stream(path, compression)
-        types = {c: pa.string() for c in include} if include else None
+        include = plan.needed if plan is not None else None
+        # group ids straight into dictionary arrays; values as numbers (the fast pass, on
+        # both cores) or as text parsed per batch (the careful pass: a cell that is not a
+        # number must not fail the whole block, and only one thread knows line numbers)
+        types = None if plan is None else {
+            **{c: pa.string() if careful else pa.float64() for c in plan.value_cols},
+            **{c: _key_type() for c in plan.group_cols}}
         convert = pcsv.ConvertOptions(include_columns=list(include) if include else None,
                                       column_types=types, strings_can_be_null=True)
         parse = pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=handler)
-        read = pcsv.ReadOptions(block_size=_BLOCK if include else 1 << 16, use_threads=False)
+        read = pcsv.ReadOptions(block_size=_BLOCK if include else 1 << 16,
+                                use_threads=not careful)
         return pcsv.open_csv(stream, read_options=read, parse_options=parse,
                              convert_options=convert), raw
 
     # the header and the first block's types (numeric columns: TRL's reward functions)
     try:
-        peek, raw = reader(None, lambda row: "skip")
+        peek, raw = reader(None, lambda row: "skip", True)
     except pa.ArrowInvalid as exc:
         raise _csv_error(exc) from None
     schema = peek.schema
@@ -635,12 +651,23 @@ def _read_csv(path: Path, compression: str | None, plan_for: Callable[..., _Plan
                or pa.types.is_floating(f.type)
                or (first is not None and _mostly_numbers(first.column(f.name).to_pylist()))}
     plan = plan_for(schema.names, lambda c: c in numeric)
+    try:
+        return plan, _csv_pass(reader, plan, on_bad_row, progress, careful=False)
+    except _Careful:
+        return plan, _csv_pass(reader, plan, on_bad_row, progress, careful=True)
+
+
+def _csv_pass(reader: Callable[..., Any], plan: _Plan, on_bad_row: str,
+              progress: Callable[[int], None] | None, *, careful: bool) -> _Digest:
+    pa = _pa()
     digest = _Digest(plan.group_cols, plan.value_cols, len(plan.reward_cols), on_bad_row,
                      "line")
     invalid: list[int] = []  # 0-based data-row index of each row with a wrong field count
     pending: list[_RowError] = []  # on_bad_row="error": raised once earlier rows are checked
 
     def handler(row: Any) -> str:
+        if not careful:
+            return "error"
         number = int(row.number) if row.number is not None else -1
         reason = f"{row.actual_columns} fields, expected {row.expected_columns}"
         if on_bad_row == "error":
@@ -651,8 +678,10 @@ def _read_csv(path: Path, compression: str | None, plan_for: Callable[..., _Plan
         return "skip"
 
     try:
-        batches, raw = reader(plan.needed, handler)
+        batches, raw = reader(plan, handler, careful)
     except pa.ArrowInvalid as exc:
+        if not careful:
+            raise _Careful from None
         raise _csv_error(exc) from None
     seen = 0
     with raw:
@@ -662,6 +691,8 @@ def _read_csv(path: Path, compression: str | None, plan_for: Callable[..., _Plan
             except StopIteration:
                 break
             except pa.ArrowInvalid as exc:
+                if not careful:
+                    raise _Careful from None
                 raise _csv_error(exc) from None
             n = batch.num_rows
             valid = np.arange(seen, seen + n)
@@ -679,7 +710,7 @@ def _read_csv(path: Path, compression: str | None, plan_for: Callable[..., _Plan
                 raise pending[0]
             if progress is not None:
                 progress(raw.tell())
-    return plan, digest
+    return digest
 
 
 def _csv_error(exc: BaseException) -> LogError:
@@ -692,8 +723,7 @@ def _csv_error(exc: BaseException) -> LogError:
 
 
 def _digest_arrow(digest: _Digest, plan: _Plan, batch: Any, lines: np.ndarray) -> None:
-    codes = [enc.encode_arrow(batch.column(c))
-             for enc, c in zip(digest.encoders, plan.group_cols, strict=True)]
+    codes = [_keys_arrow(batch.column(c)) for c in plan.group_cols]
     values, unparsable, raw = [], [], []
     for c in plan.value_cols:
         column = batch.column(c)
@@ -791,7 +821,7 @@ class _JsonBlocks:
 
         parse = pj.ParseOptions(explicit_schema=self._schema(),
                                 unexpected_field_behavior="ignore")
-        read = pj.ReadOptions(block_size=max(len(block) + 1, 1 << 16), use_threads=False)
+        read = pj.ReadOptions(block_size=_BLOCK // 2, use_threads=True)
         for _ in range(len(self.group_types) + 1):
             try:
                 return pj.read_json(pa.BufferReader(block), read_options=read,
@@ -816,7 +846,7 @@ class _JsonBlocks:
         return None
 
     def block(self, block: bytes, start: int) -> None:
-        table = self._arrow(block) if block.strip() else None
+        table = self._arrow(block)
         if table is not None:
             lines = _nonblank_lines(block, start)
             if lines is not None and lines.size == table.num_rows:
@@ -872,8 +902,7 @@ class _JsonBlocks:
 
     def _python_rows(self, rows: list[dict[str, Any]], lines: list[int]) -> None:
         plan, digest = self.plan, self.digest
-        codes = [enc.encode_python([r.get(c) for r in rows])
-                 for enc, c in zip(digest.encoders, plan.group_cols, strict=True)]
+        codes = [_keys_python([r.get(c) for r in rows]) for c in plan.group_cols]
         values, unparsable, raw = [], [], []
         for c in plan.value_cols:
             column = [r.get(c) for r in rows]
@@ -1059,12 +1088,12 @@ def _read_npz(path: Path, fmt: str, plan_for: Callable[..., _Plan], on_bad_row: 
     for lo in range(0, n, _NPZ_ROWS):
         hi = min(n, lo + _NPZ_ROWS)
         codes = []
-        for enc, g in zip(digest.encoders, group_arrays, strict=True):
+        for g in group_arrays:
             piece = g[lo:hi]
             if piece.dtype.kind in "iu":
-                codes.append(enc.encode_arrow(pa.array(piece.astype(np.int64))))
+                codes.append(_keys_arrow(pa.array(piece.astype(np.int64))))
             elif piece.dtype.kind in "USb":
-                codes.append(enc.encode_arrow(pa.array(piece.tolist())))
+                codes.append(_keys_arrow(pa.array(piece.tolist())))
             else:
                 raise LogError(f"group ids must be integers or strings; got {piece.dtype}")
         values = [np.asarray(a[lo:hi], np.float64) for a in flat]
@@ -1254,38 +1283,64 @@ def read_log(
 def _assemble(path: Path, fmt: str, compression: str | None, plan: _Plan, digest: _Digest,
               weights: tuple[float, ...], reward_agg: str) -> RewardLog:
     bad = BadRows(digest.bad, tuple(sorted(digest.examples)), digest.unit)
-    codes = [np.concatenate(c) if c else np.empty(0, np.int64) for c in digest.codes]
-    values = [np.concatenate(v) if v else np.empty(0) for v in digest.values]
-    n = codes[0].size if codes else 0
+    pa = _pa()
+    codes: list[tuple[np.ndarray, int]] = []  # per group column: codes, distinct ids
+    # each column's batches are joined and dropped in turn (memory stays near one copy)
+    while digest.groups:
+        unified = pa.chunked_array(digest.groups.pop(0), type=_key_type())
+        unified = unified.unify_dictionaries()
+        n_ids = len(unified.chunk(0).dictionary) if unified.num_chunks else 0
+        idx = [c.indices.to_numpy(zero_copy_only=False) for c in unified.chunks]
+        del unified
+        codes.append((np.concatenate(idx) if idx else np.empty(0, np.int32), n_ids))
+        del idx
+    values = []
+    while digest.values:
+        chunks = digest.values.pop(0)
+        values.append(np.concatenate(chunks) if chunks else np.empty(0))
+        del chunks
+    pa.default_memory_pool().release_unused()
+    n = codes[0][0].size if codes else 0
     if n == 0:
         raise LogError("no rows (the file holds no responses)" if not bad.count
                        else f"no valid rows: {bad.summary()}")
-    if len(codes) == 1:  # codes are dense in order of first appearance already
-        used = np.bincount(codes[0]) > 0
-        group = (np.cumsum(used) - 1)[codes[0]]
+    if len(codes) > 1:  # a column with one value (one step) does not split groups
+        codes = [c for c in codes if c[1] > 1] or codes[:1]
+    if len(codes) == 1:  # codes follow the unified dictionary: order of first appearance
+        used = np.bincount(codes[0][0]) > 0
+        group = (np.cumsum(used) - 1)[codes[0][0]]
         n_groups = int(np.count_nonzero(used))
     else:
-        key = codes[0]
-        for enc, c in zip(digest.encoders[1:], codes[1:], strict=True):
-            key = key * max(len(enc.codes), 1) + c
+        key = codes[0][0].astype(np.int64)
+        for c, n_ids in codes[1:]:
+            key = key * n_ids + c
         # groups in order of first appearance: rank each key by its first row
         uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         rank = np.empty(uniq.size, np.int64)
         rank[np.argsort(first, kind="stable")] = np.arange(uniq.size)
         group = rank[inverse.reshape(-1)]
         n_groups = int(uniq.size)
-    order = np.argsort(group, kind="stable")
     sizes = np.bincount(group, minlength=n_groups)
     offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    ordered = [v[order] for v in values]
+    if np.all(group[1:] >= group[:-1]):  # a log written group by group: already in order
+        ordered = values
+    else:
+        order = np.argsort(group, kind="stable")
+        ordered = [v[order] for v in values]
+    del group
     k = len(plan.reward_cols)
-    columns = np.stack(ordered[:k], axis=1)
-    w = np.asarray(weights, np.float64)
     if reward_agg == "normalize_then_sum":
-        columns = _normalize_within_groups(columns, offsets)
-    with np.errstate(invalid="ignore"):
-        rewards = np.nansum(columns * w, axis=1) if k > 1 or reward_agg != "sum" \
-            else columns[:, 0] * w[0]
+        columns = list(_normalize_within_groups(np.stack(ordered[:k], axis=1), offsets).T)
+    else:
+        columns = ordered[:k]
+    if k == 1 and reward_agg == "sum":
+        rewards = columns[0] if weights[0] == 1.0 else columns[0] * weights[0]
+    else:  # TRL's nansum over the reward functions (every kept row has one value)
+        rewards = np.zeros(columns[0].size)
+        for column, w in zip(columns, weights, strict=True):
+            term = column * w
+            term[np.isnan(term)] = 0.0
+            rewards += term
     extra = dict(zip(plan.extra_cols, ordered[k:], strict=True))
     return RewardLog(rewards, offsets, extra, str(path), fmt, compression, plan.group_cols,
                      plan.reward_cols, weights, reward_agg, bad)
