@@ -174,6 +174,34 @@ def test_an_edited_helper_or_constant_in_another_engine_file_recompiles(tmp_path
     assert _run(root, env, CALL) == {"value": 9.0, "hits": 0}
 
 
+SCRIPT = """
+import json
+from advcal._kernels.caching import cached_njit
+
+SCALE = {scale}
+
+
+def _times(x):
+    return x * SCALE
+
+
+times = cached_njit(_times)
+print(json.dumps(dict(value=times(2.0), hits=sum(times.stats.cache_hits.values()))))
+"""
+
+
+def test_a_kernel_defined_outside_the_engine_recompiles_when_its_file_changes(
+        tmp_path: Path) -> None:
+    root, env, _ = _cached_env(tmp_path)
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT.format(scale=2.0))
+    run = f"import runpy; runpy.run_path({str(script)!r})"
+    assert _run(root, env, run) == {"value": 4.0, "hits": 0}
+    assert _run(root, env, run) == {"value": 4.0, "hits": 1}
+    script.write_text(SCRIPT.format(scale=5.0))
+    assert _run(root, env, run) == {"value": 10.0, "hits": 0}
+
+
 def _checked(blob: bytes) -> bool:
     return hashlib.sha256(blob[32:]).digest() == blob[:32] and len(blob) > 32
 

@@ -134,7 +134,10 @@ class _EngineLocator(_CacheLocator):
         return self._cache_path
 
     def get_source_stamp(self) -> str:
-        return source_hash()
+        if Path(self._py_file).resolve().parent == ENGINE_DIR:
+            return source_hash()
+        # a function defined elsewhere (a test, a script): its own file counts too
+        return source_hash() + hashlib.sha256(Path(self._py_file).read_bytes()).hexdigest()
 
     def get_disambiguator(self) -> str:
         return str(self._lineno)
@@ -219,7 +222,7 @@ class _EngineCache(FunctionCache):
         self._cache_file = _CheckedCacheFile(
             cache_path=self._cache_path,
             filename_base=self._impl.filename_base,
-            source_stamp=source_hash(),
+            source_stamp=self._impl.locator.get_source_stamp(),
         )
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
@@ -247,5 +250,7 @@ def cached_njit(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     if fn is None:
         return lambda f: cached_njit(f, **options)
     dispatcher = njit(**options)(fn)
-    dispatcher._cache = NullCache() if cache_dir() is None else _EngineCache(fn)
+    # (a function typed at a prompt has no source file to stamp its cache with)
+    cacheable = cache_dir() is not None and Path(fn.__code__.co_filename).is_file()
+    dispatcher._cache = _EngineCache(fn) if cacheable else NullCache()
     return dispatcher
