@@ -69,9 +69,12 @@ class _Text(HTMLParser):
             self.text.append(data)
 
 
+REQUESTED: list[str] = []  # paths the local server was asked for
+
+
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
-        pass
+        REQUESTED.append(self.path)
 
 
 @pytest.fixture(scope="module")
@@ -113,11 +116,17 @@ def test_no_page_loads_a_script_or_font_from_another_host() -> None:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_math_is_typeset_offline(server: str, page: str) -> None:
+    REQUESTED.clear()
     dom = _rendered_dom(server + page.removesuffix("index.html"))
     parser = _Text()
     parser.feed(dom)
     if page in MATH_PAGES:
         assert parser.formulas > 0, f"{page}: no typeset math (mjx-container)"
+        # The glyphs are CSS rules MathJax adds through the CSSOM, absent from the DOM: a
+        # glyph font fetched from the site shows they were laid out (not blank formulas).
+        fonts = [path for path in REQUESTED if "/fonts/woff-v2/" in path
+                 and "MathJax_Zero" not in path]
+        assert fonts, f"{page}: MathJax drew no glyph (no font of the site was loaded)"
     assert "<mjx-merror" not in dom, f"{page}: a TeX error"
     text = " ".join(parser.text)
     raw = [text[max(0, m.start() - 40):m.end() + 40] for m in _RAW_MATH.finditer(text)]

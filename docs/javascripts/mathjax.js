@@ -18,10 +18,13 @@ window.MathJax = {
   },
 };
 
-// Material's instant navigation swaps the page content without a reload: typeset it again.
-// The first page is typeset by MathJax's own start-up.
+// Material's instant navigation swaps the page content without a reload: typeset the new
+// content. The first page is MathJax's own start-up's; typesetting it again after
+// clearCache() would drop the glyph styles of the math already on it (blank formulas).
+let firstPage = true;
 document$.subscribe(() => {
-  if (!window.MathJax.startup || !window.MathJax.startup.promise) {
+  if (firstPage) {
+    firstPage = false;
     return;
   }
   MathJax.startup.promise.then(() => {
