@@ -34,6 +34,10 @@ _SNAP = Fraction(1, 10**9)
 
 
 def _check_alpha(alpha: Any) -> float:
+    if isinstance(alpha, np.floating) and not isinstance(alpha, np.float64):
+        # np.float32(0.7) is 0.699999988...: its shortest repr "0.7" is what the user
+        # wrote, so snap that decimal rather than the binary value.
+        alpha = float(str(alpha))
     return check_real(alpha, "alpha", low=0.0, high=1.0, low_inclusive=False,
                       high_inclusive=False)
 
@@ -57,7 +61,8 @@ def conformal_rank(m: int, alpha: float) -> int:
     m : int
         Number of calibration scores, ``m >= 1``.
     alpha : float
-        Miscoverage level in (0, 1).
+        Miscoverage level in (0, 1).  A float32 (or float16) ``alpha`` is read as the
+        shortest decimal that prints as it (``np.float32(0.7)`` is 0.7).
 
     Returns
     -------
@@ -68,11 +73,14 @@ def conformal_rank(m: int, alpha: float) -> int:
 
     Examples
     --------
+    >>> import numpy as np
     >>> from advcal import conformal_rank
     >>> conformal_rank(9, 0.7)  # float arithmetic: ceil(3.0000000000000004) = 4
     3
     >>> conformal_rank(74, 1 - 0.68)
     51
+    >>> conformal_rank(9, np.float32(0.7))  # float32 too: the decimal 0.7
+    3
     >>> conformal_rank(5, 0.1)  # > m: the quantile is +inf
     6
     """
@@ -192,6 +200,8 @@ class RangeCalibration:
         lower: ArrayLike | None = None,
         upper: ArrayLike | None = None,
         categories: ArrayLike | None = None,
+        smoothing: bool = False,
+        seed: Any = None,
     ) -> RewardRanges:
         """Conformal ranges ``(lo, hi)`` for judge scores of unlabeled responses.
 
@@ -201,6 +211,20 @@ class RangeCalibration:
             Per-response inputs of the new responses, as in :func:`calibrate_ranges`
             (any shape, all the same shape).  Every category must have been seen at
             calibration.
+        smoothing : bool, default False
+            Randomised tie-breaking (smoothed conformal).  With a discrete judge many
+            calibration scores equal the radius q̂ and the closed ranges over-cover (up
+            to ``1 - alpha`` plus the mass of the tie).  With smoothing, a response
+            keeps the endpoints of its range (the rewards whose score equals q̂) with
+            probability ``(k - a) / (t + 1)``, where k is the conformal rank, a the
+            number of calibration scores below q̂ and t the number equal to it, and
+            otherwise gets the open range (each endpoint moved one float inward).  That
+            is the tie-break of every score by an independent uniform, so coverage is
+            ``k / (m + 1)``: within ``1 / (m + 1)`` of ``1 - alpha`` whatever the ties.
+            Endpoints clipped to ``bounds`` and zero-width ranges are kept as they are.
+        seed : int, SeedSequence or Generator, optional
+            Seed of the tie-breaking draws (one uniform per response); only with
+            ``smoothing=True``.
 
         Returns
         -------
@@ -208,7 +232,24 @@ class RangeCalibration:
             ``(lo, hi)`` in the shape of the inputs, clipped to ``bounds``; float32 if
             the inputs are float32 (rounded outward, so coverage survives the cast),
             else float64.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from advcal import calibrate_ranges
+        >>> judge = np.full(20, 0.5)  # a judge and rewards on a quarter-point scale
+        >>> reference = np.r_[np.full(8, 0.5), np.full(6, 0.75), np.full(6, 0.25)]
+        >>> cal = calibrate_ranges(judge, reference, alpha=0.5)  # k = ceil(10.5) = 11
+        >>> cal.radius[None]  # 8 scores are 0 and 12 are 0.25: q̂ = 0.25 is a tie
+        0.25
+        >>> lo, hi = cal.ranges(np.full(6, 0.5), smoothing=True, seed=0)
+        >>> hi < 0.75  # [0.25, 0.75] kept with probability (11 - 8) / (12 + 1), else opened
+        array([ True,  True, False, False,  True,  True])
         """
+        if not isinstance(smoothing, (bool, np.bool_)):
+            raise TypeError(f"`smoothing` must be a bool; got {type(smoothing).__name__}.")
+        if seed is not None and not smoothing:
+            raise ValueError("`seed` is only used with smoothing=True.")
         inputs = _score_inputs(self.method, judge, sigma, lower, upper, None)
         radius = self._radius_per_response(categories, inputs.shape)
         if self.method == "cqr":
@@ -226,9 +267,44 @@ class RangeCalibration:
             lo = inputs.judge - width
             hi = inputs.judge + width
         with np.errstate(invalid="ignore"):  # inf radius times sigma is fine: clipped
+            # Endpoints that clipping moved are not at score q̂: never opened.
+            open_lo = lo >= self.bounds[0]
+            open_hi = hi <= self.bounds[1]
             lo = np.clip(lo, *self.bounds)
             hi = np.clip(hi, *self.bounds)
-        return RewardRanges(*_outward_cast(lo, hi, inputs.dtype))
+        lo, hi = _outward_cast(lo, hi, inputs.dtype)
+        if smoothing:
+            keep = self._tie_probability(categories, inputs.shape)
+            draw = np.random.default_rng(seed).random(inputs.shape)
+            # Open the range one float inward (in the output dtype, after the cast).
+            opened = (draw >= keep) & np.isfinite(np.asarray(radius)) & (lo < hi)
+            inner_lo = np.where(opened & open_lo, np.nextafter(lo, hi), lo)
+            inner_hi = np.where(opened & open_hi, np.nextafter(hi, lo), hi)
+            apart = inner_lo <= inner_hi  # a range two floats wide stays closed
+            lo = np.where(apart, inner_lo, lo)
+            hi = np.where(apart, inner_hi, hi)
+        return RewardRanges(lo, hi)
+
+    def _tie_probability(self, categories: ArrayLike | None,
+                         shape: tuple[int, ...]) -> np.ndarray:
+        """Per response, the probability (k - a) / (t + 1) of keeping the tie at q̂."""
+        if self.categories is None:
+            groups = {None: self.scores}
+        else:
+            index = {key: i for i, key in enumerate(self.radius)}
+            owner = np.array([index[lab] for lab in self.categories.tolist()], dtype=np.int64)
+            groups = {key: self.scores[owner == i] for key, i in index.items()}
+        per_key: dict[Any, float] = {}
+        for key, scores in groups.items():
+            q = self.radius[key]
+            below = int((scores < q).sum())
+            ties = int((scores == q).sum())
+            k = _rank(scores.size, self.alpha)
+            per_key[key] = (k - below) / (ties + 1) if ties else 1.0
+        if self.categories is None:
+            return np.full(shape, per_key[None])
+        labels_new, codes = _category_codes(categories, shape)
+        return np.array([per_key[lab] for lab in labels_new])[codes].reshape(shape)
 
     def _radius_per_response(self, categories: ArrayLike | None,
                              shape: tuple[int, ...]) -> np.ndarray | float:

@@ -35,6 +35,21 @@ def test_float_traps():
     assert conformal_quantile(scores, 1 - 0.68) == 51.0
 
 
+def test_float32_alpha_is_the_decimal_it_prints_as():
+    # np.float32(0.7) is 0.699999988: read as a binary value the rank would be 4.
+    assert math.ceil(10 * (1 - float(np.float32(0.7)))) == 4
+    assert conformal_rank(9, np.float32(0.7)) == 3
+    assert conformal_rank(9, np.float16(0.7)) == 3
+    assert conformal_rank(74, np.float32(0.32)) == 51
+    assert conformal_quantile(np.arange(1.0, 10.0), np.float32(0.7)) == 3.0
+    cal = calibrate_ranges(np.zeros(9), np.arange(1.0, 10.0) / 10, alpha=np.float32(0.7))
+    assert cal.alpha == 0.7 and cal.radius[None] == 0.3
+    with pytest.raises(ValueError, match=r"`alpha` must lie in \(0.0, 1.0\)"):
+        conformal_rank(9, np.float32(1.0))
+    with pytest.raises(ValueError, match="`alpha` must be finite"):
+        conformal_rank(9, np.float32("nan"))
+
+
 def test_rank_is_at_least_one():
     # (m + 1)(1 - alpha) = 2e-10 snaps to 0; the rank is still the smallest score.
     assert conformal_rank(1, 1 - 1e-10) == 1
@@ -313,6 +328,75 @@ def test_mondrian_coverage_within_a_category():
     assert _within_band(hits, 1 - alpha, 1 - alpha + 1 / 11)
     pooled = _coverage("absolute", m, alpha, splits, seed=3, categories=True, pooled=True)
     assert pooled.mean() < 1 - alpha - 0.05
+
+
+# --------------------------------------------------------------------------- smoothing
+
+
+def _quarter_point_judge(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A judge and reference rewards on a 5-point scale: scores |y - s| tie massively."""
+    y = rng.choice(np.linspace(0.0, 1.0, 5), size=size, p=[0.1, 0.2, 0.4, 0.2, 0.1])
+    step = rng.choice([-0.5, -0.25, 0.0, 0.25, 0.5], size=size, p=[0.05, 0.2, 0.5, 0.2, 0.05])
+    return np.clip(y + step, 0.0, 1.0), y
+
+
+def test_smoothed_ranges_cover_exactly_with_a_discrete_judge():
+    # m = 49, alpha = 0.2: k / (m + 1) = 0.8 exactly.  Half the scores are 0 and most of
+    # the rest 0.25, so the closed ranges cover far more often (0.94 measured).
+    rng = np.random.default_rng(17)
+    m, alpha, splits = 49, 0.2, 2000
+    closed = np.empty(splits, dtype=bool)
+    smoothed = np.empty(splits, dtype=bool)
+    for t in range(splits):
+        judge, y = _quarter_point_judge(rng, m + 1)
+        cal = calibrate_ranges(judge[:m], y[:m], alpha=alpha)
+        lo, hi = cal.ranges(judge[m:])
+        closed[t] = lo[0] <= y[m] <= hi[0]
+        lo, hi = cal.ranges(judge[m:], smoothing=True, seed=t)
+        smoothed[t] = lo[0] <= y[m] <= hi[0]
+    assert _within_band(smoothed, 0.8, 0.8)
+    assert not _within_band(closed, 0.8, 0.8 + 1 / (m + 1))
+    assert closed.mean() > 0.9
+
+
+def test_smoothing_opens_ties_by_hand():
+    judge = np.full(20, 0.5)
+    reference = np.r_[np.full(8, 0.5), np.full(6, 0.75), np.full(6, 0.25)]
+    cal = calibrate_ranges(judge, reference, alpha=0.5)  # k = 11, q = 0.25, a = 8, t = 12
+    np.testing.assert_allclose(cal._tie_probability(None, (2,)), 3 / 13)
+    lo, hi = cal.ranges(np.full(20000, 0.5), smoothing=True, seed=1)
+    kept = hi == 0.75
+    assert abs(kept.mean() - 3 / 13) < 3.29 * math.sqrt(3 / 13 * 10 / 13 / kept.size)
+    # Opened ranges lose exactly the two tied rewards, nothing inside.
+    np.testing.assert_array_equal(lo[~kept], np.nextafter(0.25, 1.0))
+    np.testing.assert_array_equal(hi[~kept], np.nextafter(0.75, 0.0))
+    np.testing.assert_array_equal(lo == 0.25, kept)
+    # Seeded; float32 opens in float32; clipped endpoints and other radii untouched.
+    again = cal.ranges(np.full(20000, 0.5), smoothing=True, seed=1)
+    np.testing.assert_array_equal(again.hi, hi)
+    lo32, hi32 = cal.ranges(np.full(50, 0.5, dtype=np.float32), smoothing=True, seed=2)
+    assert hi32.dtype == np.float32
+    assert set(hi32.tolist()) == {0.75, float(np.nextafter(np.float32(0.75), np.float32(0)))}
+    lo, hi = cal.ranges(np.full(200, 0.9), smoothing=True, seed=3)
+    np.testing.assert_array_equal(hi, 1.0)  # 0.9 + 0.25 was clipped: not a tie
+    assert (lo == 0.9 - 0.25).any() and (lo > 0.9 - 0.25).any()  # the low end still ties
+
+
+def test_smoothing_per_category_and_bad_input():
+    judge = np.full(12, 0.5)
+    reference = np.r_[0.5, 0.5, 0.75, 0.75, 0.75, 0.25, 0.5, 0.5, 0.5, 0.5, 0.5, 0.75]
+    cats = ["a"] * 6 + ["b"] * 6
+    cal = calibrate_ranges(judge, reference, alpha=0.5, categories=cats)
+    # a: scores 0, 0, .25 x4, k = 4: q = .25, (4 - 2) / 5.  b: 0 x5, .25, k = 4: q = 0,
+    # (4 - 0) / 6.
+    assert cal.radius == {"a": 0.25, "b": 0.0}
+    np.testing.assert_allclose(cal._tie_probability(["b", "a"], (2,)), [4 / 6, 2 / 5])
+    lo, hi = cal.ranges(np.full(2, 0.5), categories=["b", "b"], smoothing=True, seed=0)
+    np.testing.assert_array_equal(lo, hi)  # a zero radius is never opened
+    with pytest.raises(TypeError, match="`smoothing` must be a bool"):
+        cal.ranges(np.full(2, 0.5), categories=["a", "a"], smoothing="yes")
+    with pytest.raises(ValueError, match="`seed` is only used with smoothing=True"):
+        cal.ranges(np.full(2, 0.5), categories=["a", "a"], seed=0)
 
 
 def test_the_coverage_check_rejects_a_naive_quantile():
