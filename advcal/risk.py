@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
-from advcal.bounds import BOUNDS, risk_p_value, ucb
+from advcal.bounds import BOUNDS, _p_values, risk_p_value, ucb
 from advcal.recovery import (
     Recovery,
     _check_sets,
@@ -108,14 +108,37 @@ def _select_iv(sets: Any, gram: Any, reference: Any, thresholds: Any, beta: Any,
     return sets, gram_flat, ref, taus, beta, delta
 
 
-def _sequence_start(n_acc: np.ndarray, beta: float, level: float, bound: str) -> int:
-    """Index of the strictest threshold whose n_acc could be certified at all.
+def _certifiable_reversals(n_acc: np.ndarray, beta: float, level: float,
+                           bound: str) -> np.ndarray:
+    """Per threshold, the largest reversal count that p ≤ level certifies (-1: none).
 
-    That is the first with p(0 reversals, n_acc, β) ≤ level (for Clopper-Pearson
-    n_acc ≥ log δ / log(1 − β)); ``len(n_acc)`` if none.  It reads only the acceptance
-    counts, never the reference scoring, so the fixed sequence may start there.
+    The p-value increases in k, so a bisection over 0..n_acc finds it.
     """
-    possible = np.flatnonzero(risk_p_value(0, n_acc, beta, bound=bound) <= level)
+    lo = np.full(n_acc.shape, -1, dtype=np.int64)  # certified (or -1)
+    hi = n_acc.astype(np.int64)  # k = n_acc: p = 1, never certified
+    while (active := hi - lo > 1).any():
+        mid = np.where(active, (lo + hi) // 2, hi)  # >= 0 where active
+        ok = active & (_p_values(bound, mid, n_acc, np.full(mid.shape, beta)) <= level)
+        lo = np.where(ok, mid, lo)
+        hi = np.where(active & ~ok, mid, hi)
+    return lo
+
+
+def _sequence_start(n_acc: np.ndarray, beta: float, level: float, bound: str) -> int:
+    """Index where the fixed sequence starts; ``len(n_acc)`` if nowhere.
+
+    The strictest threshold whose acceptance count would certify a conditional risk of
+    β/2 with probability at least 1 − level.  Where a handful of groups are accepted
+    (just enough that zero reversals would certify) one unlucky reversal ends the whole
+    walk; the planning risk β/2 asks for enough groups to make that unlikely while the
+    start stays at the strict end, where the risk is lowest.  The rule reads only the
+    acceptance counts, never the reference scoring, so the guarantee is kept.
+    """
+    from scipy import stats
+
+    k_max = _certifiable_reversals(n_acc, beta, level, bound)
+    power = np.where(k_max >= 0, stats.binom.cdf(k_max, n_acc, beta / 2), 0.0)
+    possible = np.flatnonzero(power >= 1 - level)
     return int(possible[0]) if possible.size else n_acc.size
 
 

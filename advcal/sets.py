@@ -604,6 +604,7 @@ def calibrate_sets(
     noise_var: ArrayLike | float | None = None,
     ridge: float | None = None,
     eps: float = 1e-6,
+    eps_relative: bool = False,
     ddof: int = 1,
     options: Mapping[str, Any] | None = None,
 ) -> SetCalibration:
@@ -640,6 +641,13 @@ def calibrate_sets(
         λ_q = ridge × the tangential eigenvalue of J Σ Jᵀ (GRPO: σ_g²/s_q²); default 1.0.
     eps : float, default 1e-6
         GRPO's std offset.
+    eps_relative : bool, default False
+        Read ``eps`` relative to the calibration's reward scale: the offset used is
+        ``eps`` times the root-mean-square deviation of ``scores_a`` from their group
+        means (over groups of two or more responses).  Rewards ``A r + b`` then give the
+        same sets as ``r`` for every A > 0, where an absolute ``eps`` stops being
+        negligible once A times the reward spread nears it.  The calibration stores the
+        absolute offset in its ``eps`` field, and training batches use it as is.
     ddof : {0, 1}, default 1
         Delta degrees of freedom of the std.
     options : mapping, optional
@@ -663,6 +671,15 @@ def calibrate_sets(
      var) = _calibrate_iv(scores_a, scores_b, offsets, group_ids, alpha, estimator, shape,
                           noise, noise_var, ridge, eps, ddof, options)
     offs = batch.offsets
+    if not isinstance(eps_relative, (bool, np.bool_)):
+        raise TypeError(f"`eps_relative` must be a bool; got {type(eps_relative).__name__}.")
+    if eps_relative:
+        keep = expand((batch.sizes >= 2).astype(np.int64), offs).astype(bool)
+        scale = float(np.sqrt(np.mean(centered(values_a, offs)[keep] ** 2)))
+        if not scale > 0:
+            raise ValueError("`eps_relative=True` needs `scores_a` that vary within some "
+                             "group (their within-group scale is 0).")
+        eps = eps * scale
     geo = _geometry(values_a, offs, estimator=estimator, eps=eps, ddof=ddof, shape=shape,
                     noise=noise, noise_var=var, ridge=ridge, options=options)
     other = _transform(values_b, offs, estimator, eps, ddof, options)
