@@ -7,8 +7,8 @@ at the reference scoring, so given which groups are accepted the reversals are
 Bernoulli(R(τ)) draws and a binomial upper confidence bound on the conditional risk
 R(τ) is valid.  :func:`select_threshold` makes the bounds simultaneously valid over the
 grid (Bonferroni, or fixed-sequence testing from the strictest threshold whose acceptance
-count could be certified at all) and
-picks the risk-feasible threshold with the largest cumulative recovery Σ_q η*_q(τ).
+count would likely certify a risk of β/2) and picks the risk-feasible threshold with the
+largest cumulative recovery Σ_q η*_q(τ).
 :func:`setgrpo` then runs JRSC + GGSR on a training batch at that threshold.
 """
 
@@ -211,8 +211,8 @@ def select_threshold(
     procedure : {"bonferroni", "fixed-sequence"}, default "bonferroni"
         ``"bonferroni"``: each threshold certified at δ/T (valid whatever the shape of the
         risk curve).  ``"fixed-sequence"``: Learn-then-Test at full δ, starting at the
-        strictest threshold whose acceptance count could be certified at all (zero
-        reversals would give p ≤ δ), walking toward looser ones and stopping at the
+        strictest threshold whose acceptance count would certify a risk of β/2 with
+        probability at least 1 − δ, walking toward looser ones and stopping at the
         first not certified.  The start depends only on the acceptance counts, which
         never look at the reference scoring, so the guarantee is that of a sequence
         fixed in advance (see the SetGRPO docs page for the proof).
