@@ -98,11 +98,12 @@ def _scan(g, lo, hi, clip, inv_delta, kmax, omit_nan):
     if n == 0:
         return 0, 0.0, 0.0, math.inf, -math.inf, False, False
     first = np.float64(g[start])
-    shift = _bin(first, lo, hi, clip, inv_delta, kmax)
+    binned = clip or inv_delta != 0.0  # (per-group work counts at 16 rewards a group)
+    shift = _bin(first, lo, hi, clip, inv_delta, kmax) if binned else first
     total = 0.0
     low = math.inf
     high = -math.inf
-    if clip or inv_delta != 0.0 or omit_nan:
+    if binned or omit_nan:
         n_nan = 0
         for i in range(g.size):
             v = np.float64(g[i])
@@ -121,9 +122,11 @@ def _scan(g, lo, hi, clip, inv_delta, kmax, omit_nan):
         bad = not math.isfinite(total)
     # (no branch on low/high, which a NaN leaves unspecified; its group is flagged)
     bad = bad | (not math.isfinite(low)) | (not math.isfinite(high))
-    # binning is monotone: the extreme rewards give the extreme bins
-    return (n, shift, total, _bin(low, lo, hi, clip, inv_delta, kmax),
-            _bin(high, lo, hi, clip, inv_delta, kmax), bad, (low < lo) | (high > hi))
+    outside = (low < lo) | (high > hi)
+    if binned:  # binning is monotone: the extreme rewards give the extreme bins
+        low = _bin(low, lo, hi, clip, inv_delta, kmax)
+        high = _bin(high, lo, hi, clip, inv_delta, kmax)
+    return n, shift, total, low, high, bad, outside
 
 
 def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi, clip,

@@ -82,9 +82,6 @@ def run_over_groups(kernel: Any, offsets: np.ndarray, per_group: Sequence[np.nda
     ``threaded``: None chooses by the number of rewards; True uses every thread numba may
     use (any size), False none.
     """
-    if not offsets.flags.writeable:
-        # (numba compiles a kernel taking read-only offsets into loops about twice as slow)
-        offsets = offsets.copy()
     if threaded is None:  # by size; small batches skip asking numba
         n_values = int(offsets[-1])
         n_chunks = (min(n_threads(), n_values // MIN_VALUES_PER_THREAD)
