@@ -2,7 +2,7 @@
 
 Every ``benchmarks/bench_*.py`` module defines ``cases(quick: bool) -> list[Case]``.  A
 case times several candidates in one run and reports each as a ratio to its baseline
-(the numpy reference, a numpy-vectorized peer formulation, or a memory copy), since
+(the numpy reference engine or a numpy-vectorized peer formulation), since
 ratios measured side by side travel between machines better than seconds.
 """
 
@@ -47,8 +47,7 @@ class Rounds:
 
         A round's two times share that round's conditions, so a slow stretch of a shared
         machine cancels out of the ratio; the ratio of best times divides two minima that
-        may come from different stretches (on this 2-core VM a memory copy of 2**24
-        float64 ranged from 10.4 to 15.6 ms between runs).
+        may come from different stretches.
         """
         if not any(label in group and baseline in group for group in self.together):
             return None
@@ -64,9 +63,8 @@ def round_times(candidates: dict[str, Callable[[], object]], *, min_total: float
     from elsewhere on the machine (a shared VM) slows every candidate of a round rather
     than one of them: ratios measured side by side stay comparable.  A candidate
     ``apart`` times slower than the fastest (a numpy reference with large temporaries)
-    gets rounds of its own afterwards: interleaved, the memory it had just freed slowed
-    the first touch of the next candidate's output (maxnorm kernel, 2**24 ragged rewards:
-    1.41x a memory copy alone, 1.63x interleaved with the numpy peer).
+    gets rounds of its own afterwards: interleaved, the memory it had just freed would slow
+    the first touch of the next candidate's output.
     """
     timers = {}
     for label, fn in candidates.items():
@@ -107,7 +105,7 @@ def fresh_process_time(code: str, env: dict[str, str] | None = None, runs: int =
 
 
 def startup_notes(label: str, first_call: str) -> list[str]:
-    """What a user pays per process (DESIGN §7): the import, then a first call with the
+    """What a user pays per process: the import, then a first call with the
     compiled kernels cached on disk and with an empty cache (compiling)."""
     import tempfile
 

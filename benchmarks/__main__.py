@@ -17,6 +17,11 @@ def _format_time(seconds: float) -> str:
     return f"{seconds / 1e-9:8.1f} ns"
 
 
+def _format_ratio(ratio: float) -> str:
+    # small ratios (a kernel against the numpy reference engine) keep two significant digits
+    return f"{ratio:7.2f}" if ratio >= 0.1 else f"{ratio:7.4f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
@@ -39,10 +44,11 @@ def main() -> None:
             print(f"\n{case.name}" + (f"   [target: {case.target}]" if case.target else ""))
             for label in case.candidates:
                 best = rounds.best(label)
-                row = f"  {label:<38}{_format_time(best)}   {best / base:7.2f}x {case.baseline}"
+                row = (f"  {label:<38}{_format_time(best)}   {_format_ratio(best / base)}x "
+                       f"{case.baseline}")
                 paired = rounds.paired_ratio(label, case.baseline)
                 if paired is not None and label != case.baseline:
-                    row += f"   (paired rounds: median {paired:.2f}x)"
+                    row += f"   (paired rounds: median {_format_ratio(paired).strip()}x)"
                 print(row)
             for note in case.notes:
                 print(f"  {note}")
