@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
+from advcal._blocks import expand, segment_sum
 from advcal._validation import check_choice
 from advcal.estimators import (
     _batch_std,
@@ -164,8 +165,8 @@ class Estimator:
 # --------------------------------------------------------------------------- scale rules
 
 
-def _sizes_and_gap(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Group sizes, and whether each group's values are not all equal."""
+def _extremes(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-group minimum and maximum (0 for empty groups)."""
     sizes = np.diff(offsets)
     starts = offsets[:-1][sizes > 0]
     low = np.zeros(sizes.size)
@@ -173,7 +174,18 @@ def _sizes_and_gap(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray,
     if starts.size:
         low[sizes > 0] = np.minimum.reduceat(values, starts)
         high[sizes > 0] = np.maximum.reduceat(values, starts)
-    return sizes, high != low
+    return low, high
+
+
+def _sizes_and_gap(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group sizes, and whether each group's values are not all equal."""
+    low, high = _extremes(values, offsets)
+    return np.diff(offsets), high != low
+
+
+def _count(mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per-group number of True entries of a flat grouped mask."""
+    return segment_sum(mask.astype(np.float64), offsets)
 
 
 def _group_std(values: np.ndarray, offsets: np.ndarray, ddof: int) -> np.ndarray:
@@ -218,10 +230,8 @@ def _std_scale(function: Callable[..., np.ndarray], *, unique_top: bool = False)
         scale = _group_std(values, offsets, ddof) + options["eps"]
         sizes, gap = _sizes_and_gap(values, offsets)
         if unique_top:
-            codes = np.repeat(np.arange(sizes.size), sizes)
-            top = np.full(sizes.size, -np.inf)
-            np.maximum.at(top, codes, values)
-            gap = np.bincount(codes, values == top[codes], sizes.size) == 1
+            top = expand(_extremes(values, offsets)[1], offsets)
+            gap = _count(values == top, offsets) == 1
         # With eps = 0 a gap below sqrt(tiny) squares to a zero std: the group is skipped.
         return Scaled(weights, scale, gap & (scale > 0.0))
 
@@ -285,10 +295,8 @@ def _range_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSe
     if lo is None:
         return _unit_scale(_points_as_ranges)(values, offsets, settings, options)
     weights = range_advantages(lo, hi, offsets, backend=settings.backend, **options)
-    sizes = np.diff(offsets)
-    codes = np.repeat(np.arange(sizes.size), sizes)
-    moved = np.bincount(codes, weights != 0.0, sizes.size) > 0
-    return Scaled(weights, np.ones(sizes.size), moved)
+    moved = _count(weights != 0.0, offsets) > 0
+    return Scaled(weights, np.ones(moved.size), moved)
 
 
 def _points_as_ranges(values: ArrayLike, offsets: ArrayLike | None = None,
