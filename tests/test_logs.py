@@ -104,7 +104,7 @@ def test_verl_without_step(tmp_path):
     assert flat(log) == grouped([r["score"] for r in rows], [r["input"] for r in rows])
 
 
-@pytest.mark.parametrize("compression", ["gzip", "zstd", None])
+@pytest.mark.parametrize("compression", ["gzip", "zstd", "bz2", None])
 def test_messy_verl_log_matches_the_array_api(tmp_path, compression):
     rows = verl_rows(n_prompts=30, group=5, steps=1, seed=3)
     lines: list = [json.dumps(r) for r in rows]
