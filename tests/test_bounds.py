@@ -1,4 +1,4 @@
-"""Risk bounds (DESIGN §6.4): closed forms, scipy agreement, coverage, p-value validity."""
+"""Risk bounds: closed forms, scipy agreement, coverage, p-value validity and duality."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Conformal toolkit (DESIGN §4): the exact quantile rank and conformal reward ranges."""
+"""Conformal toolkit: the exact quantile rank, conformal reward ranges, smoothed ties."""
 
 from __future__ import annotations
 
