@@ -78,16 +78,18 @@ import resource, sys, time
 start = time.perf_counter()
 {code}
 wall = time.perf_counter() - start
-print(wall, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, file=sys.stderr)
+use = resource.getrusage(resource.RUSAGE_SELF)
+print(wall, use.ru_utime + use.ru_stime, use.ru_maxrss * 1024, file=sys.stderr)
 """
 
 
-def measure(code: str) -> tuple[float, int]:
-    """Wall time (s, after the interpreter started) and peak RSS (bytes) of ``code``."""
+def measure(code: str) -> tuple[float, float, int]:
+    """Wall time and CPU time (s, after the interpreter started) and peak RSS (bytes) of
+    ``code`` in a fresh process (CPU time is less sensitive to a busy shared machine)."""
     done = subprocess.run([sys.executable, "-c", _MEASURE.format(code=code)],
                           capture_output=True, text=True, check=True)
-    wall, rss = done.stderr.strip().splitlines()[-1].split()
-    return float(wall), int(rss)
+    wall, cpu, rss = done.stderr.strip().splitlines()[-1].split()
+    return float(wall), float(cpu), int(rss)
 
 
 def _diagnose(path: Path, preset: str) -> str:
@@ -118,13 +120,15 @@ def _report(quick: bool) -> list[str]:
             ("TRL CSV", trl, "trl",
              f"import pyarrow.csv as pc\nt = pc.read_csv({str(trl)!r})"),
         ):
-            raw_time, raw_rss = measure(raw)
-            time_, rss = measure(_diagnose(path, preset))
+            raw_time, raw_cpu, raw_rss = measure(raw)
+            time_, cpu, rss = measure(_diagnose(path, preset))
             lines.append(
                 f"{label + ':':<12} diagnose --preset {preset:<5}{time_:7.2f} s "
-                f"{rss / 2**30:5.2f} GiB peak RSS   pyarrow raw read {raw_time:6.2f} s "
-                f"{raw_rss / 2**30:5.2f} GiB   ratio {time_ / raw_time:5.2f}x time, "
-                f"{rss / raw_rss:5.2f}x RSS")
+                f"(cpu {cpu:6.2f} s) {rss / 2**30:5.2f} GiB peak RSS;  pyarrow raw read "
+                f"{raw_time:6.2f} s (cpu {raw_cpu:6.2f} s) {raw_rss / 2**30:5.2f} GiB;  ratio "
+                f"{time_ / raw_time:5.2f}x time, {rss / raw_rss:5.2f}x RSS")
+        lines.append(f"load average during the runs: {os.getloadavg()[0]:.1f} "
+                     f"on {os.cpu_count()} cores")
     return lines
 
 
