@@ -21,7 +21,9 @@ with probability at least 1 − α.
 Shapes that are a multiple of the centering matrix plus a multiple of ûûᵀ (GRPO, Dr.GRPO
 and RLOO under isotropic grader noise, and the isotropic ball) are kept in that closed form
 — two eigenvalues per group, no eigendecomposition; every other case stores dense blocks.
-See ``docs/setgrpo.md`` for the modelling choices.
+See ``docs/setgrpo.md`` for the modelling choices.  ``CENTERED``, ``SHAPES`` and ``NOISES``
+list the accepted ``estimator``, ``shape`` and ``noise`` values (the first from
+:mod:`advcal.registry`).
 """
 
 from __future__ import annotations
@@ -207,7 +209,7 @@ def _closed_form(estimator: str, options: Mapping[str, Any]) -> bool:
             and options.get("singleton") != "raw")
 
 
-def structured_blocks(u_hat: np.ndarray, offsets: np.ndarray, tan: np.ndarray,
+def _structured_blocks(u_hat: np.ndarray, offsets: np.ndarray, tan: np.ndarray,
                       rad: np.ndarray) -> np.ndarray:
     """Flat blocks tan_q·(C − ûûᵀ) + rad_q·ûûᵀ (shapes, their roots, GRPO Jacobians)."""
     sizes = np.diff(offsets)
@@ -237,7 +239,7 @@ def _jacobian_flat(values: np.ndarray, offsets: np.ndarray, estimator: str, eps:
     if not _closed_form(estimator, options):
         return _finite_difference_jacobian(values, offsets, estimator, eps, ddof, options)
     geo = _radial(values, offsets, estimator, eps, ddof)
-    return structured_blocks(geo.u_hat, offsets, geo.j_tan, geo.j_rad)
+    return _structured_blocks(geo.u_hat, offsets, geo.j_tan, geo.j_rad)
 
 
 def _check_estimator(estimator: Any) -> str:
@@ -371,7 +373,7 @@ class _Geometry:
         return out
 
     def _closed_form_blocks(self, tan: np.ndarray, rad: np.ndarray) -> np.ndarray:
-        return structured_blocks(np.asarray(self.u_hat), self.offsets, tan, rad)
+        return _structured_blocks(np.asarray(self.u_hat), self.offsets, tan, rad)
 
     def quad_pinv(self, delta: np.ndarray) -> np.ndarray:
         """δᵀ S⁺ δ per group for centered δ (flat)."""
