@@ -462,3 +462,13 @@ def test_per_method_options_are_gathered_into_group_order():
 def test_options_errors(options, error, message):
     with pytest.raises(error, match=message):
         scale_diagnostics(HAND, HAND_OFFSETS, methods=("opo", "range"), options=options)
+
+
+def test_every_estimator_without_options_on_both_engines():
+    every = tuple(advcal.ESTIMATORS)
+    a = scale_diagnostics(REWARDS, methods=every, reference=REWARDS[::-1])
+    b = scale_diagnostics(REWARDS, methods=every, reference=REWARDS[::-1], backend="numpy")
+    assert tuple(a.methods) == every
+    for name in every:
+        for f in (*STAT_FIELDS, "direction_cosine", "max_abs_weight", "zero_gap_fraction"):
+            np.testing.assert_allclose(getattr(a[name], f), getattr(b[name], f), rtol=1e-9)
