@@ -1306,7 +1306,15 @@ def _assemble(path: Path, fmt: str, compression: str | None, plan: _Plan, digest
                        else f"no valid rows: {bad.summary()}")
     if len(codes) > 1:  # a column with one value (one step) does not split groups
         codes = [c for c in codes if c[1] > 1] or codes[:1]
-    if len(codes) == 1:  # codes follow the unified dictionary: order of first appearance
+    step = np.diff(codes[0][0]) if len(codes) == 1 else None
+    in_order = (step is not None and codes[0][0][0] == 0
+                and bool(np.all((step == 0) | (step == 1))))
+    del step
+    if in_order:
+        # a log written group by group, no group emptied by bad rows: codes are the groups
+        group = codes[0][0]
+        n_groups = int(group[-1]) + 1
+    elif len(codes) == 1:  # codes follow the unified dictionary: order of first appearance
         used = np.bincount(codes[0][0]) > 0
         group = (np.cumsum(used) - 1)[codes[0][0]]
         n_groups = int(np.count_nonzero(used))
@@ -1322,7 +1330,7 @@ def _assemble(path: Path, fmt: str, compression: str | None, plan: _Plan, digest
         n_groups = int(uniq.size)
     sizes = np.bincount(group, minlength=n_groups)
     offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    if np.all(group[1:] >= group[:-1]):  # a log written group by group: already in order
+    if in_order or np.all(group[1:] >= group[:-1]):  # written group by group: in order
         ordered = values
     else:
         order = np.argsort(group, kind="stable")
