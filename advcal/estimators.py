@@ -428,9 +428,14 @@ def gpg(
     values = call.batch.values
     if call.omit:
         values = values[~np.isnan(values)]
-    # f_norm / alpha with alpha = N / max(k, 1); an empty batch keeps divisor f_norm.
-    divisor = f_norm * max(int(np.count_nonzero(values)), 1) / max(values.size, 1)
+    divisor = _gpg_divisor(values, f_norm)
     return _center_scale(call, FIXED, divisor=divisor)
+
+
+def _gpg_divisor(values: np.ndarray, f_norm: float) -> float:
+    """GPG's divisor f_norm / alpha, alpha = N / max(k, 1) for the N valid ``values`` of
+    which k are nonzero; an empty batch keeps divisor f_norm."""
+    return f_norm * max(int(np.count_nonzero(values)), 1) / max(values.size, 1)
 
 
 def passk(

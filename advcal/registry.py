@@ -47,6 +47,7 @@ from advcal._blocks import expand, segment_sum
 from advcal._validation import check_choice
 from advcal.estimators import (
     _batch_std,
+    _gpg_divisor,
     _point_iv,
     _whitening,
     batch_std,
@@ -252,7 +253,8 @@ def _batch_std_scale(values: np.ndarray, offsets: np.ndarray, settings: Diagnost
 def _reinforce_pp_scale(values: np.ndarray, offsets: np.ndarray,
                         settings: DiagnosticSettings, options: dict[str, Any]) -> Scaled:
     weights = reinforce_pp_baseline(values, offsets, backend=settings.backend, **options)
-    u = dr_grpo(values, offsets, backend=settings.backend).astype(np.float64)
+    u = dr_grpo(values, offsets, backend=settings.backend,
+                singleton=options.get("singleton", "zero")).astype(np.float64)
     tokens = options.get("token_counts")
     counts = np.ones(values.shape) if tokens is None else np.asarray(tokens, np.float64)
     eps = options.get("eps", _default(reinforce_pp_baseline, "eps"))
@@ -271,9 +273,8 @@ def _opo_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSett
 def _gpg_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,
                options: dict[str, Any]) -> Scaled:
     weights = gpg(values, offsets, backend=settings.backend, **options)
-    f_norm = float(options.get("f_norm", _default(gpg, "f_norm")))
+    divisor = _gpg_divisor(values, float(options.get("f_norm", _default(gpg, "f_norm"))))
     sizes, gap = _sizes_and_gap(values, offsets)
-    divisor = f_norm * max(int(np.count_nonzero(values)), 1) / max(values.size, 1)
     return Scaled(weights, np.full(sizes.size, divisor), gap)
 
 
