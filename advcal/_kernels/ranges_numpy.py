@@ -10,12 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _groups(lo, hi, offsets):
-    for q in range(offsets.size - 1):
-        sl = slice(offsets[q], offsets[q + 1])
-        if sl.stop > sl.start:
-            yield sl, lo[sl], hi[sl]
+from advcal._kernels.oracle_groups import groups
 
 
 def dominance_matrix(lo, hi):
@@ -75,9 +70,11 @@ def range_advantages(lo, hi, offsets, relation):
     """A_i = (1/n) Σ_j φ(I_i, I_j) per group; ``relation`` 0/1/2 = dominance/midpoint/prob."""
     out = np.zeros(lo.size)
     matrix = _MATRICES[relation]
-    for sl, lo_g, hi_g in _groups(lo, hi, offsets):
+    for _, sl, _, lo_g in groups(lo, offsets):
+        if lo_g.size == 0:
+            continue
         # Shift by a member of the group: constant groups give exact zeros and a
         # translation of the rewards leaves the differences unchanged.
         ref = lo_g[0]
-        out[sl] = matrix(lo_g - ref, hi_g - ref).sum(axis=1) / lo_g.size
+        out[sl] = matrix(lo_g - ref, hi[sl] - ref).sum(axis=1) / lo_g.size
     return out
