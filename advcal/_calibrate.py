@@ -519,8 +519,9 @@ def run_ranges(args: argparse.Namespace) -> int:
     with np.errstate(divide="ignore"):
         logw = np.log(hi - lo)
     summary = {"m": int(cal.scores.size), "alpha": cal.alpha, "method": method,
-               "radius": {("null" if k is None else str(k)): _finite(v)
-                          for k, v in cal.radius.items()},
+               # a list, not an object: JSON keys are strings, and 1 and "1" must differ
+               "radius": [{"category": k, "radius": _finite(v)}
+                          for k, v in cal.radius.items()],
                "noise_var": float(np.mean(err * err)),
                "mean_log_width": _finite(float(np.mean(logw)))}
     _plot(_plot_ranges, cal, args.plot)

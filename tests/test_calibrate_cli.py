@@ -152,6 +152,9 @@ def test_ranges_jsonl_categories_keep_types(tmp_path: Path, capsys: Any) -> None
     assert_identical(expected, loaded)
     assert list(loaded.radius) == [1, "1", "hard"]  # 1 and "1": two categories
     assert "'hard'" in text and "cross-fitted coverage" in text
+    report = run_json(capsys, "ranges", str(log), "--category-col", "difficulty",
+                      "-o", str(out))
+    assert [r["category"] for r in report["radius"]] == [1, "1", "hard"]
 
 
 def test_ranges_csv_methods(tmp_path: Path, capsys: Any) -> None:
@@ -181,6 +184,8 @@ def test_ranges_cross_fitted_coverage(tmp_path: Path, capsys: Any, mondrian: boo
     np.savez(log, judge=judge, reference=ref, cat=np.array([str(c) for c in cats]))
     extra = ["--category-col", "cat"] if mondrian else []
     report = run_json(capsys, "ranges", str(log), "-o", str(tmp_path / "r.npz"), *extra)
+    cal = load_calibration(tmp_path / "r.npz")
+    assert report["radius"] == [{"category": k, "radius": v} for k, v in cal.radius.items()]
     cov = report["coverage"]
     assert cov["n"] == 3000
     assert cov["interval"][0] <= cov["estimate"] <= cov["interval"][1]
