@@ -88,19 +88,20 @@ def as_float_array(values: Any, name: str) -> np.ndarray:
     float16 is promoted to float32 (numba has no float16 arithmetic); booleans and
     integers to float64.  Complex, string and object input is a ``TypeError``.
     """
-    if type(values) is np.ndarray and values.dtype.char in "fd":
-        return values  # float32/float64 ndarray: nothing to convert
+    if type(values) is np.ndarray and values.dtype.char in "fd" and values.dtype.isnative:
+        return values  # native float32/float64 ndarray: nothing to convert
     try:
         arr = np.asarray(values)
     except (TypeError, ValueError) as exc:  # ragged nested lists and the like
         raise TypeError(f"`{name}` must be an array of real numbers ({exc}).") from None
     kind = arr.dtype.kind
     if kind == "f":
-        if arr.dtype == np.float16:
+        native = arr.dtype.newbyteorder("=")  # kernels and dtype tables need native order
+        if native == np.float16:
             return arr.astype(np.float32)
-        if arr.dtype not in (np.float32, np.float64):  # longdouble
+        if native not in (np.float32, np.float64):  # longdouble
             return arr.astype(np.float64)
-        return arr
+        return arr.astype(native, copy=False)
     if kind in "biu":
         return arr.astype(np.float64)
     raise TypeError(f"`{name}` must be an array of real numbers; got dtype {arr.dtype}.")

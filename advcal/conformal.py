@@ -389,10 +389,16 @@ def _category_codes(categories: Any, shape: tuple[int, ...]) -> tuple[list[Any],
         arr: np.ndarray | None = np.asarray(categories)
     except (TypeError, ValueError):  # ragged sequences of tuples and the like
         arr = None
-    if (arr is not None and arr.dtype.kind in "US" and arr.ndim == 1
-            and not isinstance(categories, np.ndarray)
-            and not all(isinstance(c, (str, bytes)) for c in categories)):
-        arr = None  # numpy would turn [1, "1"] into ["1", "1"]: keep the labels' own types
+    if (arr is not None and arr.dtype.kind in "US"
+            and not isinstance(categories, np.ndarray)):
+        # numpy would turn [1, "1"] (at any nesting) into ["1", "1"]: keep the labels'
+        # own types, hashing them flat when they have the rewards' shape.
+        labelled = np.asarray(categories, dtype=object)
+        if labelled.shape == shape and not all(isinstance(c, (str, bytes))
+                                               for c in labelled.reshape(-1)):
+            return _hashed_codes(list(labelled.reshape(-1)))
+        if arr.ndim == 1 and not all(isinstance(c, (str, bytes)) for c in categories):
+            arr = None
     if arr is not None and arr.dtype.kind in "biufUS":
         if arr.shape == shape:
             if arr.dtype.kind == "f" and np.isnan(arr).any():
@@ -408,10 +414,15 @@ def _category_codes(categories: Any, shape: tuple[int, ...]) -> tuple[list[Any],
         raise TypeError("`categories` must be a sequence of hashable labels.") from None
     if len(shape) != 1 or len(items) != shape[0]:
         raise ValueError(f"`categories` must have shape {shape}; got {len(items)} labels.")
+    return _hashed_codes(items)
+
+
+def _hashed_codes(items: list[Any]) -> tuple[list[Any], np.ndarray]:
+    """Labels in order of first appearance and a code per label, by hashing."""
     seen: dict[Any, int] = {}
     codes = np.empty(len(items), dtype=np.int64)
     for i, label in enumerate(items):
-        if isinstance(label, float) and math.isnan(label):
+        if isinstance(label, (float, np.floating)) and math.isnan(label):
             raise ValueError("`categories` must not contain NaN.")
         try:
             codes[i] = seen.setdefault(label, len(seen))

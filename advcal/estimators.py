@@ -18,6 +18,8 @@ Shared keywords:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -32,6 +34,7 @@ from advcal._validation import (
     check_int,
     check_real,
     raise_bad_values,
+    valid_counts,
 )
 
 __all__ = [
@@ -82,21 +85,67 @@ def _limit(call: _Call) -> float:
     return _DTYPE_MAX[call.batch.values.dtype]
 
 
-def _finish(call: _Call, result: tuple[np.ndarray, bool]) -> np.ndarray:
+Rerun = Callable[[np.ndarray, float], tuple[np.ndarray, bool]]
+
+
+def _finish(call: _Call, result: tuple[np.ndarray, bool], rerun: Rerun | None = None,
+            *, homogeneous: bool = True, lone_eps: float = 0.0) -> np.ndarray:
     out, ok = result
-    # Not ok: the kernel counted a group with a non-finite reward or an advantage
-    # overflowed the output dtype; find out which, on this error path only.
+    # Not ok: a group had a non-finite reward, its statistics overflowed float64, or an
+    # advantage overflowed the output dtype.  Rewards near the float64 limit are retried
+    # rescaled; otherwise find out which, on this error path only.
+    if not ok and rerun is not None:
+        out, ok = _rescaled(call, rerun, homogeneous, lone_eps)
     if not ok:
         raise_bad_values(call.batch.values, call.omit)
     return call.batch.restore(out)
 
 
+def _rescaled(call: _Call, rerun: Rerun, homogeneous: bool, lone_eps: float
+              ) -> tuple[np.ndarray, bool]:
+    """Run an engine again on the rewards times a power of two that brings the largest
+    near 1 (exact, up to subnormals far below the group's scale), so sums of squares of
+    rewards near the float64 limit do not overflow; both engines take this same path.
+
+    ``rerun(values, scale)`` runs the engine (an eps it adds to a std scaled by
+    ``scale``).  Homogeneous estimators (advantages linear in the rewards) are scaled
+    back; the std-normalized ones are scale-free except a raw lone response, which gets
+    ``r / (1 + lone_eps)`` again."""
+    values = call.batch.values
+    finite = values[~np.isnan(values)] if call.omit else values
+    if finite.size == 0 or not np.isfinite(finite).all():
+        return values, False
+    big = float(np.max(np.abs(finite)))
+    if not big > 1.0:  # nothing overflowed on the way: the advantages themselves do
+        return values, False
+    scale = math.ldexp(1.0, -math.frexp(big)[1])
+    out, ok = rerun(values * values.dtype.type(scale), scale)
+    if not ok:
+        return out, False
+    with np.errstate(over="ignore", invalid="ignore"):
+        full = out.astype(np.float64)
+        if homogeneous:
+            full /= scale
+        elif call.raw:
+            counts = valid_counts(call.batch, call.omit)
+            lone = np.repeat(counts == 1, call.batch.sizes)
+            if call.omit:
+                lone &= ~np.isnan(values)
+            full[lone] = values[lone] / (1.0 + lone_eps)
+    if not (np.abs(full) <= _limit(call)).all():
+        return out, False
+    return full.astype(out.dtype), True
+
+
 def _center_scale(call: _Call, mode: int, *, eps: float = 0.0, ddof: int = 1,
                   divisor: float = 1.0) -> np.ndarray:
-    return _finish(call, call.engine.center_scale(
-        call.batch.values, call.batch.offsets, mode, eps, ddof, call.raw, call.omit, divisor,
-        _limit(call),
-    ))
+    def run(values: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, bool]:
+        return call.engine.center_scale(  # type: ignore[no-any-return]
+            values, call.batch.offsets, mode, eps * scale if mode == GRPO else eps, ddof,
+            call.raw, call.omit, divisor, _limit(call))
+
+    return _finish(call, run(call.batch.values), run, homogeneous=mode != GRPO,
+                   lone_eps=eps)
 
 
 def _check_eps_ddof(eps: Any, ddof: Any) -> tuple[float, int]:
@@ -340,13 +389,19 @@ def _whitening(u: np.ndarray, weights: np.ndarray, eps: float) -> tuple[float, f
     """``(m, sqrt(v + eps))`` of :func:`reinforce_pp_baseline`: the weighted mean of ``u`` and
     the root of its Bessel-corrected weighted variance plus eps; ``(0, 0)`` when there is
     nothing to whiten (no weight, or zero spread with ``eps=0``)."""
-    total = weights.sum()
-    if not total > 0:
+    top = float(weights.max()) if weights.size else 0.0
+    if not top > 0:
         return 0.0, 0.0
-    mean = np.sum(weights * u) / total
-    var = np.sum(weights * (u - mean) ** 2) / total
-    if total > 1:
-        var *= total / (total - 1)
+    # Weights relative to the largest (token counts near the float64 limit would overflow
+    # the sums); Bessel's W / (W - 1) from the absolute total W, which may be inf.
+    rel = weights / top
+    total = rel.sum()
+    mean = np.sum(rel * u) / total
+    var = np.sum(rel * (u - mean) ** 2) / total
+    with np.errstate(over="ignore"):
+        absolute = total * top
+    if absolute > 1:
+        var /= 1.0 - 1.0 / absolute
     if not var + eps > 0:
         return 0.0, 0.0
     return float(mean), float(np.sqrt(var + eps))
@@ -384,9 +439,12 @@ def opo(
     """
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
     weights = call.batch.gather_weights(lengths, "lengths", positive=True)
-    return _finish(call, call.engine.opo(
-        call.batch.values, weights, call.batch.offsets, call.raw, call.omit, _limit(call)
-    ))
+
+    def run(values: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, bool]:
+        return call.engine.opo(  # type: ignore[no-any-return]
+            values, weights, call.batch.offsets, call.raw, call.omit, _limit(call))
+
+    return _finish(call, run(call.batch.values), run)
 
 
 def gpg(
@@ -429,7 +487,13 @@ def gpg(
     if call.omit:
         values = values[~np.isnan(values)]
     divisor = _gpg_divisor(values, f_norm)
-    return _center_scale(call, FIXED, divisor=divisor)
+    try:
+        return _center_scale(call, FIXED, divisor=divisor)
+    except ValueError as exc:
+        if f_norm < 1.0 and "too large" in str(exc):
+            raise ValueError(f"`f_norm` = {f_norm!r} is too small: the advantages overflow "
+                             f"{call.batch.values.dtype}.") from None
+        raise
 
 
 def _gpg_divisor(values: np.ndarray, f_norm: float) -> float:
@@ -472,6 +536,9 @@ def passk(
     """
     eps, ddof = _check_eps_ddof(eps, ddof)
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
-    return _finish(call, call.engine.passk(
-        call.batch.values, call.batch.offsets, eps, ddof, call.raw, call.omit, _limit(call)
-    ))
+
+    def run(values: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, bool]:
+        return call.engine.passk(  # type: ignore[no-any-return]
+            values, call.batch.offsets, eps * scale, ddof, call.raw, call.omit, _limit(call))
+
+    return _finish(call, run(call.batch.values), run, homogeneous=False, lone_eps=eps)

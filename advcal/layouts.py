@@ -59,8 +59,14 @@ def offsets_from_sizes(sizes: Any) -> np.ndarray:
         raise ValueError(f"`sizes` must be 1-D; got shape {arr.shape}.")
     if (arr < 0).any():
         raise ValueError("`sizes` must be non-negative.")
+    if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise ValueError("`sizes` must sum to at most 2**63 - 1.")
     offsets = np.zeros(arr.size + 1, dtype=np.int64)
-    np.cumsum(arr, out=offsets[1:])
+    with np.errstate(over="ignore"):
+        np.cumsum(arr.astype(np.int64, copy=False), out=offsets[1:])
+    # Each size is below 2**63, so a sum past int64 wraps to a smaller offset: detect it.
+    if arr.size and (offsets[1:] < offsets[:-1]).any():
+        raise ValueError("`sizes` must sum to at most 2**63 - 1.")
     return offsets
 
 
@@ -128,6 +134,10 @@ def _codes_by_hashing(group_ids: Any) -> tuple[np.ndarray, np.ndarray]:
     codes = np.empty(len(items), dtype=np.int64)
     try:
         for i, label in enumerate(items):
+            if isinstance(label, (float, complex, np.inexact)) and label != label:
+                raise ValueError(
+                    "`group_ids` must not contain NaN (NaN != NaN cannot label a group)."
+                )
             codes[i] = seen.setdefault(label, len(seen))
     except TypeError:
         raise TypeError(

@@ -4,8 +4,8 @@ Each kernel is a serial loop over groups that writes only its own groups' slices
 ``pool.run_over_groups`` may run it on chunks of groups from several threads with results
 independent of the thread count.  Statistics accumulate in float64 whatever the reward
 dtype.  Every engine function returns ``(out, ok)``: ``ok`` is false when some group held
-a non-finite reward or the magnitude of its advantages (``center_scale``: their L2 norm;
-``opo``/``passk``: their largest |value|) exceeds ``limit``, the output dtype's maximum.
+a non-finite reward, its statistics overflowed float64 (the caller retries on rescaled
+rewards), or its largest |advantage| exceeds ``limit``, the output dtype's maximum.
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def _scale_factor(n, ss, shift, mean, ddof, mode, eps, raw_singletons, divisor):
 
 def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
                   out):
-    """Returns the number of groups with a non-finite reward or advantages whose L2 norm
-    exceeds ``limit`` (compared squared).  Omitted NaN rewards get 0."""
+    """Returns the number of groups with a non-finite reward or sum of squares, or an
+    |advantage| > ``limit``.  Omitted NaN rewards get 0."""
     n_bad = 0
     for q in range(offsets.size - 1):
         g = x[offsets[q]:offsets[q + 1]]
@@ -103,13 +103,20 @@ def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, omit_nan, divisor
         n, shift, mean, ss = _moments(g, omit_nan)
         factor, norm, shift, mean = _scale_factor(n, ss, shift, mean, ddof, mode, eps,
                                                   raw_singletons, divisor)
-        n_bad += not norm <= limit * limit
+        # Each value against the limit, not the norm: values that fit are returned even
+        # where their squares would overflow.  norm is NaN when ss is not finite.
+        ok = norm == norm
         if omit_nan:
             for i in range(g.size):
-                o[i] = 0.0 if math.isnan(g[i]) else ((g[i] - shift) - mean) * factor
+                a = 0.0 if math.isnan(g[i]) else ((g[i] - shift) - mean) * factor
+                o[i] = a
+                ok &= abs(a) <= limit
         else:
             for i in range(g.size):
-                o[i] = ((g[i] - shift) - mean) * factor
+                a = ((g[i] - shift) - mean) * factor
+                o[i] = a
+                ok &= abs(a) <= limit
+        n_bad += not ok
     return n_bad
 
 
@@ -123,12 +130,18 @@ def _opo(offsets, x, weights, raw_singletons, omit_nan, limit, out):
         n, shift, _, ss = _moments(g, omit_nan)
         baseline = 0.0
         if n >= 2:
+            # Weights relative to the group's largest: lengths near the float64 limit
+            # would overflow the sums, and only their ratios matter.
+            wmax = 0.0
+            for i in range(g.size):
+                if not (omit_nan and math.isnan(g[i])):
+                    wmax = max(wmax, w[i])
             num = 0.0
             den = 0.0
             for i in range(g.size):
                 if not (omit_nan and math.isnan(g[i])):
-                    num += w[i] * (g[i] - shift)
-                    den += w[i]
+                    num += (w[i] / wmax) * (g[i] - shift)
+                    den += w[i] / wmax
             baseline = num / den
         else:
             shift = 0.0

@@ -45,6 +45,9 @@ def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
             s = {GRPO: 1.0 + eps, FIXED: divisor}.get(mode, 1.0)
         else:
             u = _centered(r)
+            if not np.isfinite(np.sum(u * u)):  # statistics overflow: the caller rescales
+                amax[q] = np.nan
+                continue
             if mode == GRPO:
                 s = np.sqrt(np.sum(u * u) / (n - ddof)) + eps if n > ddof else eps
             elif mode == RLOO:
@@ -58,8 +61,8 @@ def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
             continue
         a = u / s
         out[sl][valid] = a
-        amax[q] = np.sum(a * a)  # the group's squared L2 norm, as the numba engine reports
-    return out, bool((amax <= limit * limit).all())
+        amax[q] = np.max(np.abs(a))
+    return out, bool((amax <= limit).all())
 
 
 @_quiet
@@ -74,6 +77,7 @@ def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
             a = r
         else:
             w = weights[sl][valid]
+            w = w / w.max()  # only ratios matter; lengths near the limit would overflow
             d = r - r[0]
             a = d - np.sum(w * d) / np.sum(w)
         out[sl][valid] = a
@@ -96,7 +100,11 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit):
             s = 1.0 + eps
             a = r[0] / s
         else:
-            s = np.sqrt(np.sum(_centered(r) ** 2) / (n - ddof)) + eps if n > ddof else eps
+            ss = np.sum(_centered(r) ** 2)
+            if not np.isfinite(ss):  # statistics overflow: the caller rescales
+                amax[q] = np.nan
+                continue
+            s = np.sqrt(ss / (n - ddof)) + eps if n > ddof else eps
             if s == 0.0:
                 continue
             a = (r[best] - np.sort(r)[-2]) / s

@@ -1,0 +1,148 @@
+"""Regression tests for the adversarial inputs of issue 16, each on both engines.
+
+Expected values are derived by hand in each test (exact arithmetic on small groups).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import advcal
+
+BACKENDS = ("numba", "numpy")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpg_tiny_f_norm_is_a_clear_error(backend):
+    # N / k = 3 / 2, u = (0.5, -0.5, 0): 0.5 * 1.5 / 1e-320 overflows float64.
+    with pytest.raises(ValueError, match="`f_norm`"):
+        advcal.gpg([[1.0, 0.0, 0.5]], f_norm=1e-320, backend=backend)
+    # A small f_norm whose advantages fit is fine: 0.5 * 1.5 / 1e-300 = 7.5e299.
+    out = advcal.gpg([[1.0, 0.0, 0.5]], f_norm=1e-300, backend=backend)
+    np.testing.assert_allclose(out, [[7.5e299, -7.5e299, 0.0]], rtol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opo_lengths_near_float_max(backend):
+    # Equal lengths: the baseline is the plain mean 0.5.
+    out = advcal.opo([[1.0, 0.0]], lengths=[[1e308, 1e308]], backend=backend)
+    np.testing.assert_array_equal(out, [[0.5, -0.5]])
+    # Lengths 1e308 and 3e307 weigh like 10 : 3, baseline 10/13.
+    out = advcal.opo([[1.0, 0.0]], lengths=[[1e308, 3e307]], backend=backend)
+    np.testing.assert_allclose(out, [[3 / 13, -10 / 13]], rtol=1e-14)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reinforce_pp_token_counts_near_float_max(backend):
+    r = [[1.0, 0.0, 0.5, 0.25]]
+    # u = r - 0.4375; equal weights W -> inf: Bessel's factor W / (W - 1) -> 1, so the
+    # whitening is u / sqrt(mean(u^2) + eps) with the biased variance.
+    u = np.array(r[0]) - 0.4375
+    expected = u / np.sqrt(np.mean(u**2) + 1e-8)
+    out = advcal.reinforce_pp_baseline(r, token_counts=[[1e308] * 4], backend=backend)
+    np.testing.assert_allclose(out[0], expected, rtol=1e-12)
+    # The same weights at a representable total keep their Bessel correction.
+    out = advcal.reinforce_pp_baseline(r, token_counts=[[1e300] * 4], backend=backend)
+    np.testing.assert_allclose(out[0], expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [">f8", ">f4", "<f8", ">f2", ">i4"])
+def test_big_endian_rewards(backend, dtype):
+    r = np.array([[2.0, 0.0, 1.0]], dtype=dtype)
+    native = advcal.grpo(r.astype(r.dtype.newbyteorder("=")), backend=backend)
+    out = advcal.grpo(r, backend=backend)
+    np.testing.assert_array_equal(out, native)
+    assert out.dtype.isnative
+    # std of (2, 0, 1) with ddof 1 is 1: advantages (1, -1, 0) / (1 + 1e-6).
+    np.testing.assert_allclose(out, [[1.0, -1.0, 0.0]], rtol=1e-5)
+
+
+@pytest.mark.parametrize("labels", [
+    [float("nan"), "b", float("nan"), "b"],
+    [np.float32("nan"), "b", np.float32("nan"), "b"],
+    [complex("nan"), 1, complex("nan"), 1],
+])
+def test_nan_group_labels_rejected_in_mixed_labels(labels):
+    with pytest.raises(ValueError, match="`group_ids` must not contain NaN"):
+        advcal.grpo([0.0, 1.0, 1.0, 0.0], group_ids=labels)
+
+
+def test_categories_keep_label_types():
+    from advcal.conformal import _category_codes
+
+    labels, codes = _category_codes([1, "1", 1, "1"], (4,))
+    assert labels == [1, "1"] and codes.tolist() == [0, 1, 0, 1]
+    labels, codes = _category_codes([[1, "1"], [1, "1"]], (2, 2))
+    assert labels == [1, "1"] and codes.tolist() == [0, 1, 0, 1]
+    # Through the public function: two categories, each calibrated on its own scores.
+    judge = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    reference = np.array([0.1, 0.9, 0.1, 0.9, 0.1, 0.9])
+    cal = advcal.calibrate_ranges(judge, reference, alpha=0.5, bounds=(0.0, 1.0),
+                                  categories=[1, "1", 1, "1", 1, "1"])
+    ranges = cal.ranges(np.zeros(2), categories=[1, "1"])
+    # m = 3 per category, rank ceil(4 * 0.5) = 2: radius 0.1 for 1 and 0.9 for "1".
+    np.testing.assert_allclose(ranges.hi, [0.1, 0.9])
+
+
+def test_ucb_extremes_are_finite():
+    from advcal.bounds import ucb
+
+    value = ucb(10**17, 10**18, 0.1)
+    assert np.isfinite(value) and 0.1 <= value <= 0.1 + 1e-8
+    assert ucb(1, 10, 5e-324) == 1.0
+
+
+def test_offsets_from_sizes_overflow():
+    with pytest.raises(ValueError, match="`sizes` must sum"):
+        advcal.offsets_from_sizes([2**62] * 3)
+    with pytest.raises(ValueError, match="`sizes` must sum"):
+        advcal.offsets_from_sizes(np.array([2**63], dtype=np.uint64))
+    np.testing.assert_array_equal(advcal.offsets_from_sizes([2**62, 2**62 - 1]),
+                                  [0, 2**62, 2**63 - 1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["dr_grpo", "rloo", "gpg", "grpo"])
+def test_float32_values_near_max_that_fit(backend, name):
+    # +-1e38 alternating, G = 16: mean 0, the squares overflow float32 (and the L2 norm
+    # 4e38 > float32 max) but every advantage fits, as TRL returns them.
+    r = np.tile(np.float32([1e38, -1e38]), 8)[None]
+    out = getattr(advcal, name)(r, backend=backend)
+    assert out.dtype == np.float32
+    # dr_grpo: u; gpg: u * N/k = u (all nonzero); rloo: u * 16/15; grpo: u / std, std =
+    # 1e38 * sqrt(16/15).
+    factor = {"dr_grpo": 1.0, "gpg": 1.0, "rloo": 16 / 15, "grpo": 1 / 1e38 / np.sqrt(16 / 15)}
+    np.testing.assert_allclose(out, r.astype(np.float64) * factor[name], rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float64_statistics_overflow_is_rescaled(backend):
+    np.testing.assert_array_equal(advcal.dr_grpo([[9e153, -9e153]], backend=backend),
+                                  [[9e153, -9e153]])
+    # rloo: 1e308 - mean(0, 0) = 1e308; 0 - mean(1e308, 0) = -5e307.
+    np.testing.assert_allclose(advcal.rloo([[1e308, 0.0, 0.0]], backend=backend),
+                               [[1e308, -5e307, -5e307]], rtol=1e-15)
+    # grpo is scale-free: (1, -1) / sqrt(2) whatever the magnitude.
+    np.testing.assert_allclose(advcal.grpo([[1.5e308, -1.5e308]], backend=backend),
+                               [[2**-0.5, -(2**-0.5)]], rtol=1e-12)
+    # A raw lone response keeps r / (1 + eps) after the rescaled retry.
+    out = advcal.grpo([1.5e308, -1.5e308, 3.0], offsets=[0, 2, 3], singleton="raw",
+                      backend=backend)
+    np.testing.assert_allclose(out, [2**-0.5, -(2**-0.5), 3.0 / (1 + 1e-6)], rtol=1e-12)
+    out = advcal.passk([[1.5e308, -1.5e308]], backend=backend)
+    np.testing.assert_allclose(out, [[2**0.5, 0.0]], rtol=1e-12)  # gap 3e308 / std
+    # opo: baseline (1e308 - 3e308) / 4 = -0.5e308.
+    out = advcal.opo([[1e308, -1e308]], lengths=[[1, 3]], backend=backend)
+    np.testing.assert_allclose(out, [[1.5e308, -0.5e308]], rtol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_true_overflow_is_an_error(backend):
+    # rloo of (1.5e308, -1.5e308): 2 * 1.5e308 = 3e308 does not fit float64.
+    with pytest.raises(ValueError, match="too large"):
+        advcal.rloo([[1.5e308, -1.5e308]], backend=backend)
+    # float32: rloo of (3e38, -3e38) is 6e38 > float32 max.
+    with pytest.raises(ValueError, match="too large"):
+        advcal.rloo(np.float32([[3e38, -3e38]]), backend=backend)
