@@ -116,6 +116,11 @@ def _radial(values: np.ndarray, offsets: np.ndarray, estimator: str, eps: float,
         dof = sizes - ddof
         sigma = np.sqrt(np.divide(norm2, dof, out=np.zeros_like(norm2), where=dof > 0))
         s = sigma + eps
+        if not (s > 0).all():
+            q = int(np.flatnonzero(~(s > 0))[0])
+            raise ValueError(
+                f"`eps` = 0 leaves GRPO's Jacobian undefined at group {q}, whose rewards are "
+                "all equal (u / std has no derivative at std = 0); pass eps > 0.")
         j_tan = 1.0 / s
         j_rad = eps / (s * s)
     elif estimator == "rloo":
@@ -248,14 +253,27 @@ def _check_estimator(estimator: Any) -> str:
     return check_choice(estimator, "estimator", points)
 
 
-def _check_options(options: Any) -> dict[str, Any]:
+# Keywords the sets pass themselves or that change what the estimator returns.
+_NOT_OPTIONS = frozenset({"rewards", "offsets", "group_ids", "return_scale"})
+
+
+def _check_options(options: Any, estimator: str) -> dict[str, Any]:
     """Scalar estimator keywords only: a calibration's options are reused on every training
-    batch, so per-response inputs (opo's lengths, token counts) cannot live in them."""
+    batch, so per-response inputs (opo's lengths, token counts) cannot live in them, and
+    keywords that change the layout or the return type are not options."""
     if options is None:
         return {}
     if not isinstance(options, Mapping):
         raise TypeError(f"`options` must be a mapping of estimator keywords; "
                         f"got {type(options).__name__}.")
+    entry = REGISTRY[estimator]
+    allowed = [k for k in inspect.signature(entry.function).parameters
+               if k not in _NOT_OPTIONS and k not in entry.per_response]
+    for key in options:
+        if key not in allowed:
+            raise ValueError(
+                f"`options` key {key!r} is not an option of estimator {estimator!r} here; "
+                f"allowed: {', '.join(allowed)}.")
     for key, value in options.items():
         if np.ndim(value) > 0 and not (key == "bounds" and np.shape(value) == (2,)):
             raise ValueError(f"`options` values must be scalars (per-response estimator "
@@ -320,7 +338,7 @@ def coefficient_jacobian(
     estimator = _check_estimator(estimator)
     eps = check_real(eps, "eps", low=0.0)
     ddof = check_int(ddof, "ddof", choices=(0, 1))
-    options = _check_options(options)
+    options = _check_options(options, estimator)
     batch = as_batch(rewards, offsets, group_ids)
     values = np.asarray(batch.values, dtype=np.float64)
     if not np.isfinite(values).all():
@@ -562,7 +580,7 @@ def _calibrate_iv(scores_a: Any, scores_b: Any, offsets: Any, group_ids: Any, al
     eps = check_real(eps, "eps", low=0.0)
     ddof = check_int(ddof, "ddof", choices=(0, 1))
     ridge = 1.0 if ridge is None else check_real(ridge, "ridge", low=0.0)
-    options = _check_options(options)
+    options = _check_options(options, estimator)
     batch = as_batch(scores_a, offsets, group_ids, name="scores_a")
     values_a = np.asarray(batch.values, dtype=np.float64)
     values_b = batch.gather(scores_b, "scores_b")
@@ -856,6 +874,9 @@ def coefficient_sets(
         raise TypeError("`calibration` must be a SetCalibration from calibrate_sets; "
                         f"got {type(calibration).__name__}.")
     batch = as_batch(rewards, offsets, group_ids)
+    # The sets outlive the call: own copies, so later edits of the caller's arrays
+    # (offsets, a float64 batch) cannot change support() or recover().
+    batch = Batch(np.array(batch.values), np.array(batch.offsets), batch.shape, batch.order)
     dtype = batch.values.dtype
     values = np.asarray(batch.values, dtype=np.float64)
     if not np.isfinite(values).all():

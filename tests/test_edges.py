@@ -146,3 +146,62 @@ def test_true_overflow_is_an_error(backend):
     # float32: rloo of (3e38, -3e38) is 6e38 > float32 max.
     with pytest.raises(ValueError, match="too large"):
         advcal.rloo(np.float32([[3e38, -3e38]]), backend=backend)
+
+
+def test_calibrate_sets_unknown_estimator():
+    a = np.random.default_rng(0).random((20, 4))
+    with pytest.raises(ValueError, match="`estimator` must be one of"):
+        advcal.calibrate_sets(a, a, alpha=0.2, estimator="bogus")
+
+
+def test_grpo_jacobian_eps_zero_constant_group_names_eps():
+    with pytest.raises(ValueError, match="`eps` = 0"):
+        advcal.coefficient_jacobian([[0.0, 1.0, 2.0], [0.5, 0.5, 0.5]], eps=0.0)
+    rng = np.random.default_rng(1)
+    a = rng.random((20, 4))
+    a[3] = 0.5
+    with pytest.raises(ValueError, match="`eps` = 0"):
+        advcal.calibrate_sets(a, a + 0.01 * rng.random((20, 4)), alpha=0.2, eps=0)
+    # eps > 0 is defined: a constant group's J is C / eps.
+    J = advcal.coefficient_jacobian([[0.5, 0.5, 0.5]], eps=0.5)
+    np.testing.assert_allclose(J[0], (np.eye(3) - 1 / 3) / 0.5, atol=1e-12)
+
+
+@pytest.mark.parametrize("options", [
+    {"tau_res": 0.1, "return_scale": True},
+    {"tau_res": 0.1, "offsets": 3},
+    {"tau_res": 0.1, "group_ids": 1},
+    {"tau_res": 0.1, "rewards": 1},
+    {"tau_res": 0.1, "bogus": 1},
+])
+def test_calibrate_sets_options_that_are_not_options(options):
+    a = np.random.default_rng(2).random((20, 4))
+    with pytest.raises(ValueError, match="`options` key"):
+        advcal.calibrate_sets(a, a + 0.01, alpha=0.2, estimator="maxnorm", options=options)
+    with pytest.raises(ValueError, match="`options` key"):
+        advcal.coefficient_jacobian(a, estimator="maxnorm", options=options)
+
+
+def test_calibrate_sets_per_response_option_rejected():
+    a = np.random.default_rng(2).random((20, 4))
+    with pytest.raises(ValueError, match="`options` key 'token_counts'"):
+        advcal.coefficient_jacobian(a, estimator="reinforce_pp_baseline",
+                                    options={"token_counts": 3})
+
+
+def test_coefficient_sets_own_their_offsets():
+    rng = np.random.default_rng(3)
+    a = rng.random(40)
+    off = np.arange(0, 41, 4)
+    cal = advcal.calibrate_sets(a, a + 0.02 * rng.standard_normal(40), offsets=off,
+                                alpha=0.2)
+    train = rng.random(12)
+    offsets = np.array([0, 4, 8, 12])
+    sets = advcal.coefficient_sets(train, offsets, calibration=cal)
+    directions = rng.standard_normal(12)
+    before = sets.support(directions)
+    centers = sets.centers.copy()
+    offsets[1] = 2
+    train[:] = 0.0
+    np.testing.assert_array_equal(sets.support(directions), before)
+    np.testing.assert_array_equal(sets.centers, centers)
