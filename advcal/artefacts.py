@@ -22,6 +22,7 @@ The ``validate_*`` functions are the checks the calibration classes run on const
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import io
 import json
@@ -58,6 +59,11 @@ MAX_MEMBER_BYTES = 4 << 30
 _RECOVERY_RTOL = 1e-9
 
 KINDS = ("SetCalibration", "RangeCalibration", "ThresholdSelection")
+_DATACLASS_FIELDS = {
+    "SetCalibration": ("rho", "alpha", "noise_var", "ridge", "scores", "estimator", "shape",
+                       "noise", "eps", "ddof", "options"),
+    "RangeCalibration": ("method", "alpha", "bounds", "radius", "scores", "categories"),
+}
 
 
 # --------------------------------------------------------------------------- checks
@@ -436,6 +442,13 @@ def _label_json(label: Any) -> Any:
 def _encode(obj: Any, kind: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(scalar fields for the header, array members) of a validated object."""
     arrays: dict[str, np.ndarray] = {}
+    if kind in _DATACLASS_FIELDS:
+        # A field added to the class without a format version would be dropped silently.
+        unknown = [f.name for f in dataclasses.fields(obj)
+                   if f.name not in _DATACLASS_FIELDS[kind]]
+        if unknown:
+            raise ValueError(f"`{unknown[0]}`: calibration format version {FORMAT_VERSION} "
+                             f"does not store this field of {kind}.")
     if kind == "SetCalibration":
         fields = {
             "rho": _encode_value(obj.rho, "rho"),

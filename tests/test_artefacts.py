@@ -553,6 +553,19 @@ def test_save_refuses_unrepresentable(tmp_path: Path, set_cal: SetCalibration) -
     assert not list(tmp_path.iterdir())  # nothing half-written is left behind
 
 
+def test_save_refuses_fields_the_format_does_not_know(tmp_path: Path,
+                                                      set_cal: SetCalibration) -> None:
+    # A field added to a calibration class must come with a format version, not be dropped.
+    @dataclasses.dataclass(frozen=True)
+    class Extended(SetCalibration):
+        seed: int = 0
+
+    extended = Extended(**{f.name: getattr(set_cal, f.name)
+                           for f in dataclasses.fields(SetCalibration)})
+    with pytest.raises(ValueError, match="`seed`: calibration format version 1 does not"):
+        save_calibration(tmp_path / "x.npz", extended)
+
+
 def test_exports() -> None:
     assert advcal.save_calibration is save_calibration
     assert advcal.load_calibration is load_calibration
