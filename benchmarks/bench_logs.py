@@ -79,7 +79,10 @@ start = time.perf_counter()
 {code}
 wall = time.perf_counter() - start
 use = resource.getrusage(resource.RUSAGE_SELF)
-print(wall, use.ru_utime + use.ru_stime, use.ru_maxrss * 1024, file=sys.stderr)
+# VmHWM, not ru_maxrss: the latter keeps the high-water mark of the parent at the fork
+peak = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
+            if line.startswith("VmHWM:"))
+print(wall, use.ru_utime + use.ru_stime, peak, file=sys.stderr)
 """
 
 
