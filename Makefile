@@ -33,12 +33,12 @@ lint: $(STAMP_DEV)
 typecheck: $(STAMP_DEV)
 	$(BIN)/mypy
 
-# transformers and peft (GradientCapture's tests) go in after the torch wheel, so that pip
-# finds torch in place and fetches no other build of it.
+# transformers and peft (GradientCapture's tests), TRL and verl (the integrations' tests) go
+# in after the torch wheel, so that pip finds torch in place and fetches no other build of it.
 $(STAMP_TORCH): pyproject.toml | $(STAMP_DEV)
 ifneq ($(TORCH_WHEEL),)
 	-$(BIN)/pip install -q "$(TORCH_WHEEL)"
-	-$(BIN)/pip install -q -e ".[torch-test]"
+	-$(BIN)/pip install -q -e ".[torch-test,trl,verl]"
 endif
 	touch $@
 

@@ -1,0 +1,253 @@
+"""advcal's estimators in verl: ``maxnorm``, ``range_grpo`` and ``setgrpo``.
+
+Importing this module registers the three names with verl's ``register_adv_est``, so that
+``algorithm.adv_estimator=maxnorm`` (etc.) resolves in verl's ``compute_advantage``.
+verl runs its trainer inside Ray workers, so the import has to happen *there*, not in the
+script that starts the run.  Two ways reach every worker:
+
+* installed advcal declares this module as a ``verl.plugins`` entry point, which verl loads
+  on import (unless ``VERL_USE_EXTERNAL_PLUGINS=none``);
+* ``VERL_USE_EXTERNAL_MODULES=advcal.integrations.verl`` in the workers' environment (for
+  example Ray's ``runtime_env={"env_vars": {...}}``) names it explicitly.
+
+Options (``tau_res`` for MaxNorm, the calibration files for Range-GRPO and SetGRPO, ...)
+reach the workers the same way, as JSON in ``ADVCAL_VERL_OPTIONS``, keyed by estimator::
+
+    ADVCAL_VERL_OPTIONS='{"maxnorm": {"tau_res": 0.05},
+                          "range_grpo": {"calibration": "/data/judge-ranges.npz"},
+                          "setgrpo": {"calibration": "/data/sets.npz", "tau": 0.2}}'
+
+or in-process with :func:`configure`.
+
+SetGRPO also needs each group's policy-gradient Gram matrix, which verl's
+``compute_advantage`` does not forward to registered estimators.  Store it per response
+with :func:`attach_gram` (rows padded to the largest group, a layout ``DataProto``
+accepts) and compute advantages with this module's :func:`compute_advantage`, a drop-in
+for verl's that forwards the rows; :func:`patch_compute_advantage` installs it in verl's
+``ray_trainer``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+import advcal
+
+__all__ = ["ESTIMATORS", "OPTIONS_ENV", "attach_gram", "compute_advantage", "configure",
+           "gram_blocks", "gram_rows", "patch_compute_advantage"]
+
+OPTIONS_ENV = "ADVCAL_VERL_OPTIONS"
+GRAM_KEY = "advcal_gram"
+
+_configured: dict[str, dict[str, Any]] = {}
+
+
+def configure(estimator: str, **options: Any) -> None:
+    """Set the options of one of advcal's verl estimators in this process.
+
+    They take precedence over ``ADVCAL_VERL_OPTIONS``.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"`estimator` must be one of {', '.join(map(repr, ESTIMATORS))}; "
+                         f"got {estimator!r}.")
+    _configured[estimator] = dict(options)
+
+
+def _options(name: str) -> dict[str, Any]:
+    if name in _configured:
+        return dict(_configured[name])
+    text = os.environ.get(OPTIONS_ENV, "")
+    if not text:
+        return {}
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{OPTIONS_ENV} is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get(name, {}), dict):
+        raise ValueError(f"{OPTIONS_ENV} must be a JSON object of objects keyed by estimator, "
+                         f'e.g. {{"{name}": {{...}}}}.')
+    return dict(parsed.get(name, {}))
+
+
+def _need(options: dict[str, Any], key: str, name: str, what: str) -> Any:
+    if key not in options:
+        raise ValueError(f"verl estimator {name!r} needs option {key!r} ({what}): set it with "
+                         f"advcal.integrations.verl.configure({name!r}, {key}=...) or in "
+                         f"{OPTIONS_ENV}.")
+    return options.pop(key)
+
+
+def _scores(token_level_rewards: Any, index: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    if index is None:
+        raise ValueError(f"verl estimator {name!r} needs the group of each response: verl "
+                         "passes it as `index` from data.non_tensor_batch['uid'].")
+    scores = token_level_rewards.sum(dim=-1).detach().cpu().double().numpy()
+    return scores, np.asarray(index, dtype=object)
+
+
+def _per_token(advantages: np.ndarray, token_level_rewards: Any, response_mask: Any
+               ) -> tuple[Any, Any]:
+    import torch
+
+    values = torch.as_tensor(advantages, dtype=token_level_rewards.dtype,
+                             device=token_level_rewards.device)
+    out = values.unsqueeze(-1) * response_mask
+    return out, out
+
+
+def _calibration(value: Any, kind: type, name: str) -> Any:
+    if isinstance(value, (str, os.PathLike)):
+        value = advcal.load_calibration(value)
+    if not isinstance(value, kind):
+        raise ValueError(f"verl estimator {name!r} needs `calibration`: a {kind.__name__} or "
+                         f"the path of one saved with advcal.save_calibration; got "
+                         f"{type(value).__name__}.")
+    return value
+
+
+def maxnorm_advantage(token_level_rewards: Any, response_mask: Any, index: Any = None,
+                      config: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+    """verl ``maxnorm``: :func:`advcal.maxnorm` on each uid group's sequence rewards."""
+    options = _options("maxnorm")
+    tau_res = _need(options, "tau_res", "maxnorm", "the reward resolution")
+    scores, ids = _scores(token_level_rewards, index, "maxnorm")
+    weights = advcal.maxnorm(scores, group_ids=ids, tau_res=tau_res, **options)
+    return _per_token(weights, token_level_rewards, response_mask)
+
+
+def range_grpo_advantage(token_level_rewards: Any, response_mask: Any, index: Any = None,
+                         config: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+    """verl ``range_grpo``: judge scores → conformal ranges → Range-GRPO advantages."""
+    options = _options("range_grpo")
+    calibration = _calibration(_need(options, "calibration", "range_grpo",
+                                     "a RangeCalibration or its file"),
+                               advcal.RangeCalibration, "range_grpo")
+    scores, ids = _scores(token_level_rewards, index, "range_grpo")
+    ranges = calibration.ranges(scores)
+    advantages = advcal.range_advantages(ranges.lo, ranges.hi, group_ids=ids, **options)
+    return _per_token(advantages, token_level_rewards, response_mask)
+
+
+def setgrpo_advantage(token_level_rewards: Any, response_mask: Any, index: Any = None,
+                      config: Any = None, gram: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+    """verl ``setgrpo``: SetGRPO's recovered coefficients (needs the Gram rows)."""
+    if gram is None:
+        raise ValueError(
+            "verl estimator 'setgrpo' is missing the Gram matrices of the responses' policy "
+            "gradients: compute them with advcal.torch.GradientCapture, store them with "
+            f"advcal.integrations.verl.attach_gram(data, gram) (data.batch[{GRAM_KEY!r}]), and "
+            "compute advantages with advcal.integrations.verl.compute_advantage, or call "
+            "advcal.integrations.verl.patch_compute_advantage() in the trainer process: "
+            "verl's own compute_advantage forwards only rewards, masks and uids.")
+    options = _options("setgrpo")
+    calibration = _calibration(_need(options, "calibration", "setgrpo",
+                                     "a SetCalibration or its file"),
+                               advcal.SetCalibration, "setgrpo")
+    tau = _need(options, "tau", "setgrpo", "a threshold or a ThresholdSelection file")
+    if isinstance(tau, (str, os.PathLike)):
+        tau = advcal.load_calibration(tau)
+    scores, ids = _scores(token_level_rewards, index, "setgrpo")
+    rows = gram.detach().cpu().double().numpy() if hasattr(gram, "detach") else np.asarray(gram)
+    result = advcal.setgrpo(scores, group_ids=ids, gram=gram_blocks(rows, ids),
+                            calibration=calibration, tau=tau, **options)
+    return _per_token(result.coefficients, token_level_rewards, response_mask)
+
+
+ESTIMATORS = {
+    "maxnorm": maxnorm_advantage,
+    "range_grpo": range_grpo_advantage,
+    "setgrpo": setgrpo_advantage,
+}
+
+
+def gram_rows(gram: Any, group_ids: Any) -> np.ndarray:
+    """Gram blocks in advcal's ``group_ids`` layout → one row per response, ``(N, G_max)``.
+
+    Row i holds ⟨g_i, g_j⟩ for the members j of i's group in batch order, NaN-padded to
+    the largest group: a per-response tensor that ``DataProto`` carries and splits.
+    """
+    index = advcal.groups_from_ids(group_ids)
+    flat = np.asarray(gram, dtype=np.float64).ravel()
+    sizes = np.diff(index.offsets)
+    if flat.size != int(np.sum(sizes ** 2)):
+        raise ValueError(f"`gram` must hold one n_q x n_q block per group ({int(np.sum(sizes**2))} "
+                         f"values for these group_ids); got {flat.size}.")
+    rows = np.full((index.order.size, int(sizes.max(initial=0))), np.nan)
+    start = 0
+    for q, size in enumerate(sizes):
+        members = index.order[index.offsets[q]:index.offsets[q + 1]]
+        rows[members, :size] = flat[start:start + size * size].reshape(size, size)
+        start += size * size
+    return rows
+
+
+def gram_blocks(rows: np.ndarray, group_ids: Any) -> np.ndarray:
+    """The inverse of :func:`gram_rows`: per-response rows → flat blocks by group."""
+    index = advcal.groups_from_ids(group_ids)
+    rows = np.asarray(rows, dtype=np.float64)
+    sizes = np.diff(index.offsets)
+    if rows.ndim != 2 or rows.shape[0] != index.order.size or rows.shape[1] < sizes.max(initial=0):
+        raise ValueError(f"the Gram rows must have shape (N, >= largest group) = "
+                         f"({index.order.size}, {int(sizes.max(initial=0))}); got {rows.shape}.")
+    blocks = [rows[index.order[index.offsets[q]:index.offsets[q + 1]], :size].ravel()
+              for q, size in enumerate(sizes)]
+    return np.concatenate(blocks) if blocks else np.zeros(0)
+
+
+def attach_gram(data: Any, gram: Any) -> Any:
+    """Store Gram blocks (advcal's ``group_ids`` layout over ``data``'s uids) in
+    ``data.batch["advcal_gram"]`` as per-response rows; returns ``data``."""
+    import torch
+
+    if "uid" not in data.non_tensor_batch:
+        raise ValueError("`data` has no non_tensor_batch['uid']: the groups of the Gram blocks.")
+    rows = gram_rows(gram, data.non_tensor_batch["uid"])
+    data.batch[GRAM_KEY] = torch.as_tensor(rows)
+    return data
+
+
+def compute_advantage(data: Any, adv_estimator: Any, *args: Any, **kwargs: Any) -> Any:
+    """verl's ``compute_advantage``, also handing the Gram rows to ``setgrpo``."""
+    from verl.trainer.ppo import ray_trainer
+
+    name = getattr(adv_estimator, "value", adv_estimator)
+    if name != "setgrpo":
+        return _verl_compute_advantage(ray_trainer)(data, adv_estimator, *args, **kwargs)
+    if "response_mask" not in data.batch.keys():
+        data.batch["response_mask"] = ray_trainer.compute_response_mask(data)
+    gram = data.batch[GRAM_KEY] if GRAM_KEY in data.batch.keys() else None
+    advantages, returns = setgrpo_advantage(
+        data.batch["token_level_rewards"], data.batch["response_mask"],
+        index=data.non_tensor_batch.get("uid"), gram=gram)
+    data.batch["advantages"] = advantages
+    data.batch["returns"] = returns
+    return data
+
+
+def _verl_compute_advantage(ray_trainer: Any) -> Any:
+    return getattr(ray_trainer, "_advcal_original_compute_advantage",
+                   ray_trainer.compute_advantage)
+
+
+def patch_compute_advantage() -> None:
+    """Make verl's ``ray_trainer.compute_advantage`` this module's (idempotent)."""
+    from verl.trainer.ppo import ray_trainer
+
+    if not hasattr(ray_trainer, "_advcal_original_compute_advantage"):
+        ray_trainer._advcal_original_compute_advantage = ray_trainer.compute_advantage
+        ray_trainer.compute_advantage = compute_advantage
+
+
+def _register() -> None:
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
+
+    for name, fn in ESTIMATORS.items():
+        if ADV_ESTIMATOR_REGISTRY.get(name) is not fn:
+            register_adv_est(name)(fn)
+
+
+_register()
