@@ -7,6 +7,7 @@ argument it is about, so a user can tell which of several arrays is wrong.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from collections.abc import Sequence
@@ -55,6 +56,22 @@ def check_real(
         hi = "inf" if high is None else repr(high)
         raise ValueError(f"`{name}` must lie in {left}{lo}, {hi}{right}; got {value!r}.")
     return value
+
+
+def check_keywords(function: Any, estimator: str, keywords: Any) -> None:
+    """Raise a TypeError naming ``estimator`` and the option when ``keywords`` holds a
+    keyword ``function`` does not take (the dispatchers' own message, not Python's)."""
+    params = inspect.signature(function).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    takes = [k for k, p in params.items()
+             if p.kind in (inspect.Parameter.KEYWORD_ONLY,
+                           inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for key in keywords:
+        if key not in takes:
+            options = ", ".join(k for k in takes if k not in ("rewards", "offsets"))
+            raise TypeError(f"estimator {estimator!r} takes no option {key!r}; "
+                            f"its options are {options}.")
 
 
 def check_bounds(bounds: Any, name: str = "bounds") -> tuple[float, float]:

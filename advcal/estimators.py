@@ -140,7 +140,7 @@ def _rescaled(call: _Call, rerun: Rerun, homogeneous: bool, lone_eps: float
 def _center_scale(call: _Call, mode: int, *, eps: float = 0.0, ddof: int = 1,
                   divisor: float = 1.0) -> np.ndarray:
     def run(values: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, bool]:
-        return call.engine.center_scale(  # type: ignore[no-any-return]
+        return call.engine.center_scale(
             values, call.batch.offsets, mode, eps * scale if mode == GRPO else eps, ddof,
             call.raw, call.omit, divisor, _limit(call))
 
@@ -441,7 +441,7 @@ def opo(
     weights = call.batch.gather_weights(lengths, "lengths", positive=True)
 
     def run(values: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, bool]:
-        return call.engine.opo(  # type: ignore[no-any-return]
+        return call.engine.opo(
             values, weights, call.batch.offsets, call.raw, call.omit, _limit(call))
 
     return _finish(call, run(call.batch.values), run)
@@ -538,7 +538,7 @@ def passk(
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
 
     def run(values: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, bool]:
-        return call.engine.passk(  # type: ignore[no-any-return]
+        return call.engine.passk(
             values, call.batch.offsets, eps * scale, ddof, call.raw, call.omit, _limit(call))
 
     return _finish(call, run(call.batch.values), run, homogeneous=False, lone_eps=eps)

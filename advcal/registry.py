@@ -44,7 +44,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from advcal._blocks import expand, segment_sum
-from advcal._validation import check_choice
+from advcal._validation import check_choice, check_keywords
 from advcal.estimators import (
     _batch_std,
     _gpg_divisor,
@@ -367,4 +367,5 @@ def advantages(
     array([[ 1. , -0.5, -0.5]])
     """
     check_choice(method, "method", tuple(REGISTRY))
+    check_keywords(REGISTRY[method].function, method, kwargs)
     return REGISTRY[method].function(rewards, offsets, **kwargs)

@@ -26,8 +26,9 @@ import numpy as np
 
 from advcal._torch_gram import GradientCapture, last_blocks, response_objectives
 
-__all__ = ["GradientCapture", "advantages", "from_numpy", "last_blocks", "maxnorm",
-           "range_advantages", "response_objectives", "setgrpo", "to_numpy"]
+__all__ = ["GradientCapture", "advantages", "batch_std", "dr_grpo", "from_numpy", "gpg",
+           "grpo", "last_blocks", "maxnorm", "opo", "passk", "range_advantages",
+           "reinforce_pp_baseline", "response_objectives", "rloo", "setgrpo", "to_numpy"]
 
 _HALF_NAMES = ("bfloat16", "float16")
 
@@ -73,6 +74,9 @@ def to_numpy(tensor: Any, name: str = "tensor") -> np.ndarray:
     if not torch.is_tensor(tensor):
         raise TypeError(f"`{name}` must be a torch.Tensor; got {type(tensor).__name__}.")
     host = tensor.detach()
+    if host.device.type == "meta":  # shapes only: there are no values to copy
+        raise ValueError(f"`{name}` is on the meta device and holds no data; "
+                         "materialise it (e.g. .to_empty(device=...) and fill it) first.")
     if host.is_complex():
         raise TypeError(f"`{name}` must hold real numbers; got dtype {host.dtype}.")
     if str(host.dtype).removeprefix("torch.") in _HALF_NAMES:
@@ -178,8 +182,12 @@ def advantages(
     ...                method="dr_grpo")
     tensor([ 0.5000, -0.5000,  0.0000,  0.0000])
     """
+    from advcal._validation import check_choice, check_keywords
+    from advcal.registry import REGISTRY
     from advcal.registry import advantages as np_advantages
 
+    check_choice(method, "method", tuple(REGISTRY))
+    check_keywords(REGISTRY[method].function, method, {"group_ids": group_ids, **kwargs})
     host = to_numpy(rewards, "rewards")
     result = np_advantages(
         host,
@@ -189,6 +197,54 @@ def advantages(
         **_host_kwargs(kwargs),
     )
     return from_numpy(result, rewards)
+
+
+def _point_estimator(name: str) -> Any:
+    """``advcal.torch.<name>``: the numpy estimator of that name on torch tensors, with
+    its signature; an option the estimator does not take is a TypeError naming both."""
+    import inspect
+
+    import advcal.estimators as numpy_estimators
+
+    numpy_function = getattr(numpy_estimators, name)
+
+    def estimator(rewards: Any, offsets: Any = None, *, group_ids: Any = None,
+                  **options: Any) -> Any:
+        from advcal._validation import check_keywords
+
+        check_keywords(numpy_function, name, options)
+        result = numpy_function(
+            to_numpy(rewards, "rewards"),
+            _host_optional(offsets, "offsets"),
+            group_ids=_host_optional(group_ids, "group_ids"),
+            **_host_kwargs(options),
+        )
+        return from_numpy(result, rewards)
+
+    estimator.__name__ = estimator.__qualname__ = name
+    estimator.__signature__ = inspect.signature(numpy_function)  # type: ignore[attr-defined]
+    estimator.__doc__ = (
+        f""":func:`advcal.{name}` on torch tensors.
+
+    Takes the arguments of :func:`advcal.{name}`; tensors among them (``rewards``,
+    ``offsets``, ``group_ids``, per-response options) are copied to the host.
+
+    Returns
+    -------
+    torch.Tensor
+        Advantages with the device, shape and (floating) dtype of ``rewards``.
+    """)
+    return estimator
+
+
+grpo = _point_estimator("grpo")
+dr_grpo = _point_estimator("dr_grpo")
+rloo = _point_estimator("rloo")
+batch_std = _point_estimator("batch_std")
+reinforce_pp_baseline = _point_estimator("reinforce_pp_baseline")
+opo = _point_estimator("opo")
+gpg = _point_estimator("gpg")
+passk = _point_estimator("passk")
 
 
 def maxnorm(

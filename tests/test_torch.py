@@ -241,3 +241,48 @@ def test_setgrpo_ragged_with_group_ids(set_calibration: advcal.SetCalibration) -
                               calibration=set_calibration, tau=0.0)
     np.testing.assert_array_equal(out.coefficients.numpy(), expected.coefficients)
     assert out.coefficients.shape == values.shape
+
+
+POINT_ESTIMATORS = ["grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp_baseline", "opo",
+                    "gpg", "passk"]
+
+
+@pytest.mark.parametrize("name", POINT_ESTIMATORS)
+def test_every_estimator_by_name_matches_numpy(name: str) -> None:
+    rewards = torch.tensor([[1.0, 0.0, 0.25, 1.0], [0.3, 0.9, 0.2, 0.5]], dtype=torch.float64)
+    lengths = torch.tensor([[3, 5, 2, 7], [1, 1, 4, 2]])
+    options = {"lengths": lengths} if name == "opo" else {}
+    out = getattr(act, name)(rewards, **options)
+    numpy_options = {k: v.numpy() for k, v in options.items()}
+    expected = getattr(advcal, name)(rewards.numpy(), **numpy_options)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float64
+    np.testing.assert_array_equal(out.numpy(), expected)
+    assert name in act.__all__
+    import inspect
+    assert inspect.signature(getattr(act, name)) == inspect.signature(getattr(advcal, name))
+
+
+def test_estimator_by_name_ragged_group_ids_tensor() -> None:
+    values = torch.tensor([1.0, 0.0, 0.0, 1.0, 7.0])
+    ids = torch.tensor([4, 2, 4, 2, 9])
+    out = act.rloo(values, group_ids=ids, singleton="raw")
+    np.testing.assert_array_equal(
+        out.numpy(), advcal.rloo(values.numpy(), group_ids=ids.numpy(), singleton="raw"))
+
+
+@pytest.mark.parametrize("call", [
+    lambda r: act.dr_grpo(r, eps=1e-4),
+    lambda r: act.advantages(r, method="dr_grpo", eps=1e-4),
+    lambda r: advcal.advantages(r.numpy(), method="dr_grpo", eps=1e-4),
+])
+def test_option_an_estimator_does_not_take_names_both(call) -> None:
+    with pytest.raises(TypeError, match="estimator 'dr_grpo' takes no option 'eps'"):
+        call(torch.tensor([[1.0, 0.0]]))
+
+
+def test_meta_device_tensor_is_a_clear_error() -> None:
+    rewards = torch.zeros(2, 3, device="meta")
+    with pytest.raises(ValueError, match="`rewards` is on the meta device"):
+        act.grpo(rewards)
+    with pytest.raises(ValueError, match="`lengths` is on the meta device"):
+        act.opo(torch.zeros(2, 3), lengths=torch.ones(2, 3, device="meta"))
