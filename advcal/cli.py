@@ -14,6 +14,7 @@ import json
 import math
 import shutil
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Sequence
@@ -506,6 +507,12 @@ def _run_demo(args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             return fail(f"cannot create the figure directory {out}: {exc.strerror or exc}")
+        # Fail before the simulations, not after them: try writing a file there now.
+        try:
+            with tempfile.TemporaryFile(dir=out):
+                pass
+        except OSError as exc:
+            return fail(f"cannot write the figures to {out}: {exc.strerror or exc}")
     show = _progress_enabled(args.no_progress, sys.stderr)
 
     def bar(label: str, total: int) -> _Bar:

@@ -205,3 +205,40 @@ def test_coefficient_sets_own_their_offsets():
     train[:] = 0.0
     np.testing.assert_array_equal(sets.support(directions), before)
     np.testing.assert_array_equal(sets.centers, centers)
+
+
+def _no_work(*args, **kwargs):
+    raise AssertionError("the demo started its work before checking --out")
+
+
+def test_demo_unwritable_out_fails_before_the_work(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    import tempfile
+
+    from advcal import cli
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(cli, "demo_batch", _no_work)
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    assert cli.main(["demo", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the figures to" in err and "Permission denied" in err
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() == 0,
+                    reason="root writes into read-only directories")
+def test_demo_read_only_out_directory(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    from advcal import cli
+
+    out = tmp_path / "figs"
+    out.mkdir()
+    out.chmod(0o500)
+    monkeypatch.setattr(cli, "demo_batch", _no_work)
+    try:
+        assert cli.main(["demo", "--out", str(out)]) == 2
+    finally:
+        out.chmod(0o700)
+    assert "cannot write the figures to" in capsys.readouterr().err
