@@ -33,8 +33,8 @@ from advcal.estimators import (
 from advcal.layouts import GroupIndex, groups_from_ids, offsets_from_sizes
 from advcal.ranges import range_advantages
 from advcal.recovery import Recovery, recover
-from advcal.resolution import MaxNormResult, ResolvedRewards, maxnorm, resolve_rewards
 from advcal.registry import ESTIMATORS, advantages
+from advcal.resolution import MaxNormResult, ResolvedRewards, maxnorm, resolve_rewards
 from advcal.risk import ThresholdSelection, select_threshold, setgrpo
 from advcal.sets import (
     CoefficientSets,
