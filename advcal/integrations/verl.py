@@ -238,7 +238,8 @@ def patch_compute_advantage() -> None:
     from verl.trainer.ppo import ray_trainer
 
     if not hasattr(ray_trainer, "_advcal_original_compute_advantage"):
-        ray_trainer._advcal_original_compute_advantage = ray_trainer.compute_advantage
+        setattr(ray_trainer, "_advcal_original_compute_advantage",  # noqa: B010
+                ray_trainer.compute_advantage)
         ray_trainer.compute_advantage = compute_advantage
 
 
