@@ -11,25 +11,24 @@ changes it after import.  ``docs/internals.md`` says how to add an estimator.
 Per-group scale s_q.  Every registered estimator gives the responses of group q weights
 ``w_i = u_i / s_q``: ``u`` is the estimator's own baseline-corrected reward, in reward
 units, and s_q one positive number per group.  The diagnostics report 1/s_q (the
-prompt's weight in the batch) and beta_eff,q = beta * s_q.
+prompt's weight in the batch) and beta_eff,q = beta * s_q (the table is also on the
+MaxNorm-AC docs page):
 
-======================  ===========================================  =====================
-estimator               u_i                                          s_q
-======================  ===========================================  =====================
-grpo                    r_i - mean                                   std_q + eps
-dr_grpo                 r_i - mean                                   1
-rloo                    r_i - mean of the others                     1
-batch_std               r_i - mean                                   std_batch + eps
-reinforce_pp_baseline   r_i - mean - m (m: weighted batch mean of    sqrt(v + eps), v the
-                        the centred rewards; 0 up to rounding        weighted batch
-                        without token counts)                        variance (one for all)
-opo                     r_i - length-weighted mean                   1
-gpg                     r_i - mean                                   f_norm * k / N (k
+    estimator              u_i                                       s_q
+    ---------------------  ----------------------------------------  ---------------------
+    grpo                   r_i - mean                                std_q + eps
+    dr_grpo                r_i - mean                                1
+    rloo                   r_i - mean of the others                  1
+    batch_std              r_i - mean                                std_batch + eps
+    reinforce_pp_baseline  r_i - mean - m (m: weighted batch mean    sqrt(v + eps), v the
+                           of the centred rewards; 0 up to rounding  weighted batch variance
+                           without token counts)                     of the centred rewards
+    opo                    r_i - length-weighted mean                1
+    gpg                    r_i - mean                                f_norm * k / N (k
                                                                      nonzero of N rewards)
-passk                   r_max - r_2nd for the best response, else 0  std_q + eps
-maxnorm                 baseline-centred (rloo by default)           max(max_i |u_i|, tau)
-range                   (points as ranges [r, r]) r_i - mean         1
-======================  ===========================================  =====================
+    passk                  r_max - r_2nd for the best, 0 otherwise   std_q + eps
+    maxnorm                baseline-centred (rloo by default)        max(max_i |u_i|, tau_res)
+    range                  on points (ranges [r, r]): r_i - mean     1
 """
 
 from __future__ import annotations
