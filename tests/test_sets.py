@@ -21,6 +21,8 @@ from advcal import (
     offsets_from_sizes,
     rloo,
 )
+from advcal.registry import REGISTRY
+from advcal.sets import CENTERED
 from advcal.simulate import paired_scorings
 
 seeds = st.integers(0, 2**32 - 1)
@@ -424,8 +426,16 @@ def test_raw_singletons_use_finite_differences() -> None:
 
 def test_sets_need_centered_estimators() -> None:
     a = np.arange(8.0).reshape(2, 4)
-    with pytest.raises(ValueError, match="`estimator` must center coefficients within groups"):
-        calibrate_sets(a, a, alpha=0.5, estimator="passk")
+    for name, entry in REGISTRY.items():
+        if entry.ranges:  # takes ranges, not point scores: not a coefficient map of rewards
+            with pytest.raises(ValueError, match="`estimator` must be one of"):
+                calibrate_sets(a, a, alpha=0.5, estimator=name)
+        elif not entry.centered:
+            with pytest.raises(ValueError,
+                               match="`estimator` must center coefficients within groups"):
+                calibrate_sets(a, a, alpha=0.5, estimator=name)
+    # The centred point estimators (test_registry checks each flag against the sums).
+    assert CENTERED == ("grpo", "dr_grpo", "rloo", "batch_std", "gpg", "maxnorm")
 
 
 def test_raw_singleton_set_is_its_center() -> None:
