@@ -1,0 +1,230 @@
+"""Per-response Gram matrices (advcal.torch.GradientCapture) against a trainer's backward pass.
+
+A tiny causal transformer (4 blocks, d = 256, T = 128, 4 groups of 16 responses, CPU): the
+forward pass plus the exact Gram matrix against the forward pass plus one backward pass of
+the batch loss, the sketched Gram matrix, and brute force (one autograd pass per response).
+Peak memory is the growth of the peak resident set of a fresh process running one step.
+"""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks import Case
+
+SIZES = {  # (blocks, d, T, G, groups, vocab)
+    False: (4, 256, 128, 16, 4, 512),
+    True: (2, 64, 32, 4, 2, 128),
+}
+SKETCH_DIMS = (256, 1024, 4096)
+
+
+def _setup(quick: bool) -> tuple[Any, Any, Callable[[], Any], int]:
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    from advcal.torch import response_objectives
+
+    n_blocks, d, t, g, groups, vocab = SIZES[quick]
+    heads = 4
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+            self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b = x.shape[0]
+            h = self.norm1(x)
+            q, k, v = (m(h).view(b, t, heads, d // heads).transpose(1, 2)
+                       for m in (self.q, self.k, self.v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
+            return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+    class LM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d)
+            self.blocks = nn.ModuleList(Block() for _ in range(n_blocks))
+            self.norm = nn.LayerNorm(d)
+            self.head = nn.Linear(d, vocab, bias=False)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.embed(ids)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x))
+
+    torch.manual_seed(0)
+    model = LM()
+    n = g * groups
+    ids = torch.randint(0, vocab, (n, t + 1))
+    lengths = torch.randint(t // 2, t + 1, (n,))
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
+
+    def objectives() -> Any:
+        logits = model(ids[:, :-1])
+        logps = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+        return response_objectives(logps, mask)
+
+    return model, torch.randn(n), objectives, g
+
+
+def _candidates(quick: bool) -> tuple[dict[str, Callable[[], object]], Any]:
+    from advcal.torch import GradientCapture
+
+    model, adv, objectives, g = _setup(quick)
+
+    def forward() -> None:
+        objectives()  # builds the graph, as the other candidates' forward does
+
+    def backward() -> None:
+        model.zero_grad(set_to_none=True)
+        (-(adv * objectives()).sum()).backward()
+
+    def gram(sketch_dim: int | None = None) -> Callable[[], object]:
+        def run() -> object:
+            with GradientCapture(model, sketch_dim=sketch_dim) as capture:
+                j = objectives()
+            return capture.gram(j, group_size=g)
+        return run
+
+    candidates = {
+        "forward + backward of the loss": backward,
+        "forward only": forward,
+        "forward + exact Gram": gram(),
+        "forward + sketched Gram, k = 1024": gram(1024),
+    }
+    return candidates, (model, adv, objectives, g)
+
+
+class _Timed:
+    """Wraps candidates to keep each one's best per-call time, for the notes."""
+
+    def __init__(self) -> None:
+        self.best: dict[str, float] = {}
+
+    def wrap(self, label: str, fn: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            start = time.perf_counter()
+            out = fn()
+            elapsed = time.perf_counter() - start
+            self.best[label] = min(self.best.get(label, float("inf")), elapsed)
+            return out
+        return run
+
+
+class _Notes(list):  # type: ignore[type-arg]
+    """Notes computed when the runner prints them: after the rounds."""
+
+    def __init__(self, make: Callable[[], list[str]]) -> None:
+        super().__init__()
+        self.make = make
+
+    def __iter__(self) -> Any:
+        return iter(self.make())
+
+
+def peak_rss_growth(mode: str, quick: bool) -> int:
+    """Growth (bytes) of this process's peak resident set over one step in ``mode``."""
+    import torch
+
+    torch.set_num_threads(1)
+    candidates, _ = _candidates(quick)
+    with torch.no_grad():  # page in the weights and the allocator's first pools
+        candidates["forward only"]()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    {"backward": candidates["forward + backward of the loss"],
+     "exact": candidates["forward + exact Gram"],
+     "sketch": candidates["forward + sketched Gram, k = 1024"]}[mode]()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+
+
+def _memory_notes(quick: bool) -> list[str]:
+    peaks = {}
+    for mode in ("backward", "exact", "sketch"):
+        code = ("from benchmarks.bench_gram import peak_rss_growth; "
+                f"print(peak_rss_growth({mode!r}, {quick}))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True)
+        peaks[mode] = int(out.stdout.split()[-1])
+    return [f"peak memory growth of one step, fresh process: forward + backward "
+            f"{peaks['backward'] / 2**20:.0f} MiB, forward + exact Gram "
+            f"{peaks['exact'] / 2**20:.0f} MiB, forward + sketched k=1024 "
+            f"{peaks['sketch'] / 2**20:.0f} MiB"]
+
+
+def _accuracy_and_brute_force(state: Any, quick: bool) -> list[str]:
+    """Sketch errors against the exact Gram and one timing of brute force, in this run."""
+    import numpy as np
+    import torch
+
+    from advcal.torch import GradientCapture
+
+    model, _, objectives, g = state
+    start = time.perf_counter()
+    with GradientCapture(model) as capture:
+        j = objectives()
+    exact = capture.gram(j, group_size=g)
+    t_exact = time.perf_counter() - start
+    lines = []
+    for k in SKETCH_DIMS:
+        errors = []
+        for seed in range(3):
+            with GradientCapture(model, sketch_dim=k, seed=seed) as capture:
+                j = objectives()
+            approx = capture.gram(j, group_size=g)
+            errors.append(np.linalg.norm(approx - exact) / np.linalg.norm(exact))
+        lines.append(f"sketch k = {k:>4}: relative Frobenius error of K over 3 seeds "
+                     f"{min(errors):.3f} .. {max(errors):.3f}")
+    params = capture.parameters()
+    start = time.perf_counter()
+    j = objectives()
+    for i in range(g):  # one group's worth of per-response passes over the batch graph
+        torch.autograd.grad(j[i], params, retain_graph=True)
+    t_brute = time.perf_counter() - start
+    lines.append(f"brute force, forward + G = {g} per-response autograd passes (one group): "
+                 f"{t_brute:.2f} s, {t_brute / t_exact:.1f}x forward + exact Gram of all "
+                 f"{j.shape[0]} responses (single timings); all {j.shape[0]} responses "
+                 f"need {j.shape[0] // g}x as many passes")
+    return lines
+
+
+def cases(quick: bool) -> list[Case]:
+    try:
+        import torch
+    except ImportError:
+        return []
+    blocks, d, t, g, groups, vocab = SIZES[quick]
+    # One thread: on a shared 2-core machine torch's pool mostly measures contention.
+    torch.set_num_threads(1)
+    candidates, state = _candidates(quick)
+    timed = _Timed()
+    wrapped = {label: timed.wrap(label, fn) for label, fn in candidates.items()}
+    base, fwd = "forward + backward of the loss", "forward only"
+    extra = _accuracy_and_brute_force(state, quick) + _memory_notes(quick)
+
+    def notes() -> list[str]:
+        best = timed.best
+        lines = []
+        if base in best and fwd in best:
+            for label in ("forward + exact Gram", "forward + sketched Gram, k = 1024"):
+                if label in best:
+                    ratio = (best[label] - best[fwd]) / (best[base] - best[fwd])
+                    lines.append(f"{label} without the forward: {ratio:.2f}x the backward "
+                                 "pass alone (best times, forward-only subtracted)")
+        return lines + extra
+
+    name = (f"Gram matrices, {blocks}-block transformer d={d}, T={t}, {groups} groups of "
+            f"{g}, CPU, one torch thread")
+    return [Case(name, wrapped, base, target="exact Gram <= 1.5x the backward pass",
+                 notes=_Notes(notes))]
