@@ -167,7 +167,7 @@ def test_setgrpo_with_gram_rows_in_the_dataproto(batch, tmp_path) -> None:
         del ray_trainer._advcal_original_compute_advantage
 
 
-def test_a_ray_worker_sees_the_registration() -> None:
+def test_a_ray_worker_sees_the_registration(monkeypatch) -> None:
     ray = pytest.importorskip("ray")
     import shutil
     import tempfile
@@ -182,11 +182,11 @@ def test_a_ray_worker_sees_the_registration() -> None:
 
             return sorted(set(ADV_ESTIMATOR_REGISTRY) & {"maxnorm", "range_grpo", "setgrpo"})
 
-    # The explicit mechanism only: plugins off, the module named in the workers' environment.
-    env = {"VERL_USE_EXTERNAL_MODULES": "advcal.integrations.verl",
-           "VERL_USE_EXTERNAL_PLUGINS": "none"}
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
-             _temp_dir=temp_dir, runtime_env={"env_vars": env})
+    # The explicit mechanism only: plugins off, the module named in the workers' environment
+    # (inherited from this process: a runtime_env with env_vars costs a minute to set up).
+    monkeypatch.setenv("VERL_USE_EXTERNAL_MODULES", "advcal.integrations.verl")
+    monkeypatch.setenv("VERL_USE_EXTERNAL_PLUGINS", "none")
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
     try:
         worker = Worker.remote()
         assert ray.get(worker.registered.remote(), timeout=300) == [
