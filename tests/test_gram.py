@@ -241,6 +241,27 @@ def test_llama_covers_every_linear_layer() -> None:
                               for name in per_block] + ["model.lm_head"]
 
 
+def test_gpt2_conv1d_layers() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=11,
+                                     n_positions=16, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0, tie_word_embeddings=False,
+                                     bos_token_id=0, eos_token_id=0)
+    config._attn_implementation = "eager"
+    model = LlamaLogits(transformers.GPT2LMHeadModel(config)).double()
+    capture = GradientCapture(model)
+    assert capture.layers == ["model.transformer.h.0.attn.c_attn",
+                              "model.transformer.h.0.attn.c_proj",
+                              "model.transformer.h.0.mlp.c_fc",
+                              "model.transformer.h.0.mlp.c_proj", "model.lm_head"]
+    batch = make_batch(9)
+    layout = LAYOUTS["shuffled ids"]
+    gram, capture = captured(model, batch, layout)
+    expected = layout_blocks(brute_force(model, batch, capture.parameters()), layout)
+    assert relative_error(gram, expected) <= 1e-10
+
+
 def test_sequence_first_model_with_batch_dim() -> None:
     model = make_model("transformer-seq-first")
     batch = make_batch(9, vocab=13)
