@@ -23,6 +23,7 @@ from advcal.drift import CalibrationDrift, calibration_drift
 from advcal.estimators import (
     batch_std,
     dr_grpo,
+    gdpo,
     gpg,
     grpo,
     opo,
@@ -72,6 +73,7 @@ __all__ = [
     "conformal_rank",
     "direction_cosine",
     "dr_grpo",
+    "gdpo",
     "gpg",
     "groups_from_ids",
     "grpo",

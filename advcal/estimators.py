@@ -30,7 +30,9 @@ from advcal._kernels import engine
 from advcal._kernels.modes import DR, FIXED, GRPO, RLOO
 from advcal._validation import (
     Batch,
+    as_float_array,
     as_policy_batch,
+    check_choice,
     check_int,
     check_real,
     raise_bad_values,
@@ -46,6 +48,7 @@ __all__ = [
     "opo",
     "gpg",
     "passk",
+    "gdpo",
 ]
 
 
@@ -138,11 +141,12 @@ def _rescaled(call: _Call, rerun: Rerun, homogeneous: bool, lone_eps: float
 
 
 def _center_scale(call: _Call, mode: int, *, eps: float = 0.0, ddof: int = 1,
-                  divisor: float = 1.0) -> np.ndarray:
+                  divisor: float = 1.0, std_floor: float = 0.0) -> np.ndarray:
     def run(values: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, bool]:
+        grpo_scaled = scale if mode == GRPO else 1.0  # eps and floor in reward units
         return call.engine.center_scale(
-            values, call.batch.offsets, mode, eps * scale if mode == GRPO else eps, ddof,
-            call.raw, call.omit, divisor, _limit(call))
+            values, call.batch.offsets, mode, eps * grpo_scaled, ddof, call.raw, call.omit,
+            divisor, _limit(call), std_floor=std_floor * grpo_scaled)
 
     return _finish(call, run(call.batch.values), run, homogeneous=mode != GRPO,
                    lone_eps=eps)
@@ -159,11 +163,12 @@ def grpo(
     group_ids: ArrayLike | None = None,
     eps: float = 1e-6,
     ddof: int = 1,
+    std_floor: float = 0.0,
     singleton: str = "zero",
     nan_policy: str = "raise",
     backend: str = "numba",
 ) -> np.ndarray:
-    """GRPO advantages: ``(r - mean) / (std + eps)`` within each group.
+    """GRPO advantages: ``(r - mean) / (max(std, std_floor) + eps)`` within each group.
 
     Parameters
     ----------
@@ -177,6 +182,10 @@ def grpo(
         Added to the group standard deviation (verl 1e-6, TRL 1e-4, OpenRLHF 1e-9).
     ddof : {0, 1}, default 1
         Delta degrees of freedom of the standard deviation (the frameworks use 1).
+    std_floor : float, default 0.0
+        Lower bound of the group standard deviation (verl's ``grpo_vectorized`` floors
+        the variance at its epsilon 1e-6: ``std_floor=1e-3``).  A group whose rewards
+        are all equal still gets exactly 0.
     singleton : {"zero", "raw", "error"}, default "zero"
         Treatment of one-response groups; ``"raw"`` gives ``r / (1 + eps)`` like verl.
     nan_policy : {"raise", "omit"}, default "raise"
@@ -201,8 +210,9 @@ def grpo(
     array([ 0.70710578, -0.70710578,  2.999997  ])
     """
     eps, ddof = _check_eps_ddof(eps, ddof)
+    std_floor = check_real(std_floor, "std_floor", low=0.0)
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
-    return _center_scale(call, GRPO, eps=eps, ddof=ddof)
+    return _center_scale(call, GRPO, eps=eps, ddof=ddof, std_floor=std_floor)
 
 
 def dr_grpo(
@@ -241,6 +251,9 @@ def rloo(
     offsets: ArrayLike | None = None,
     *,
     group_ids: ArrayLike | None = None,
+    scale: str = "none",
+    eps: float = 1e-6,
+    ddof: int = 1,
     singleton: str = "zero",
     nan_policy: str = "raise",
     backend: str = "numba",
@@ -251,6 +264,12 @@ def rloo(
     ----------
     rewards, offsets, group_ids, singleton, nan_policy, backend
         As in :func:`grpo`; a ``"raw"`` singleton keeps its reward (verl).
+    scale : {"none", "batch"}, default "none"
+        ``"batch"`` whitens the advantages over the batch: ``(a - mean) / (std + eps)``
+        with the mean and std of all valid advantages (TRL's
+        ``RLOOTrainer(normalize_advantages=True)``, with ``eps=1e-4``).
+    eps, ddof
+        Offset and delta degrees of freedom of the batch std (``scale="batch"`` only).
 
     Returns
     -------
@@ -262,9 +281,44 @@ def rloo(
     >>> from advcal import rloo
     >>> rloo([[1.0, 0.0, 0.0]])
     array([[ 1. , -0.5, -0.5]])
+    >>> rloo([[1.0, 0.0, 0.0], [0.0, 0.5, 1.0]], scale="batch", eps=0.0)
+    array([[ 1.38013112, -0.69006556, -0.69006556],
+           [-1.03509834,  0.        ,  1.03509834]])
     """
+    check_choice(scale, "scale", ("none", "batch"))
+    eps, ddof = _check_eps_ddof(eps, ddof)
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
-    return _center_scale(call, RLOO)
+    out = _center_scale(call, RLOO)
+    if scale == "none":
+        return out
+    values = call.batch.restore(call.batch.values)
+    return _whiten_batch(out, ~np.isnan(values) if call.omit else None, eps, ddof)
+
+
+def _spread(a: np.ndarray, ddof: int) -> tuple[float, float]:
+    """Mean and standard deviation of float64 values, scaled by their largest magnitude
+    first so values near the float64 limit do not overflow the sum of squares."""
+    top = float(np.max(np.abs(a))) if a.size else 0.0
+    if not top > 0:
+        return 0.0, 0.0
+    z = a / top
+    zm = float(z.mean())
+    std = math.sqrt(float(np.sum((z - zm) ** 2)) / (a.size - ddof)) if a.size > ddof else 0.0
+    return zm * top, std * top
+
+
+def _whiten_batch(adv: np.ndarray, valid: np.ndarray | None, eps: float, ddof: int
+                  ) -> np.ndarray:
+    """``(a - mean) / (std + eps)`` over the valid advantages of the batch; others get 0."""
+    a = adv.astype(np.float64)
+    used = a if valid is None else a[valid]
+    mean, std = _spread(used, ddof)
+    out = np.zeros(a.shape)
+    if std + eps > 0:
+        out = (a - mean) / (std + eps)
+        if valid is not None:
+            out[~valid] = 0.0
+    return out.astype(adv.dtype, copy=False)
 
 
 def _batch_std(call: _Call, ddof: int) -> float:
@@ -332,6 +386,9 @@ def reinforce_pp_baseline(
     group_ids: ArrayLike | None = None,
     token_counts: ArrayLike | None = None,
     eps: float = 1e-8,
+    ddof: int = 1,
+    var_floor: float = 0.0,
+    std_norm: bool = True,
     singleton: str = "zero",
     nan_policy: str = "raise",
     backend: str = "numba",
@@ -339,10 +396,12 @@ def reinforce_pp_baseline(
     """REINFORCE++-baseline: group-centered rewards, then whitened over the whole batch.
 
     With ``u`` the group-centered rewards and weights ``w`` (``token_counts``, default 1
-    per response), the result is ``(u - m) / sqrt(v + eps)`` with ``m`` the w-weighted
-    mean of ``u`` and ``v`` its w-weighted variance with Bessel's correction
-    ``W / (W - 1)``, ``W = sum(w)``: verl's ``masked_whiten`` over response tokens when
-    ``token_counts`` are the response lengths.
+    per response), the result is ``(u - m) / sqrt(max(v, var_floor) + eps)`` with ``m``
+    the w-weighted mean of ``u`` and ``v`` its w-weighted variance with Bessel's
+    correction ``W / (W - ddof)``, ``W = sum(w)``: verl's ``masked_whiten`` over response
+    tokens when ``token_counts`` are the response lengths; OpenRLHF's
+    ``reinforce_baseline`` with ``ddof=0, eps=0, var_floor=1e-8``.  Not centered within
+    groups: a group whose rewards are all equal gets ``-m / sqrt(...)``, not 0.
 
     Parameters
     ----------
@@ -353,6 +412,12 @@ def reinforce_pp_baseline(
         ``rewards``.
     eps : float, default 1e-8
         Added to the variance inside the square root (verl's placement).
+    ddof : {0, 1}, default 1
+        Bessel's correction of the variance: 1 (verl) or 0 (OpenRLHF).
+    var_floor : float, default 0.0
+        Lower bound of the variance (OpenRLHF clamps it at 1e-8).
+    std_norm : bool, default True
+        False subtracts ``m`` only (OpenRLHF's ``no_std_norm``).
 
     Returns
     -------
@@ -367,7 +432,10 @@ def reinforce_pp_baseline(
     array([[ 0.866025, -0.866025],
            [-0.866025,  0.866025]])
     """
-    eps = check_real(eps, "eps", low=0.0)
+    eps, ddof = _check_eps_ddof(eps, ddof)
+    var_floor = check_real(var_floor, "var_floor", low=0.0)
+    if not isinstance(std_norm, (bool, np.bool_)):
+        raise TypeError(f"`std_norm` must be a bool; got {type(std_norm).__name__}.")
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
     centered = _center_scale(call, DR)
     values = call.batch.restore(call.batch.values)
@@ -378,17 +446,21 @@ def reinforce_pp_baseline(
     u = centered.astype(np.float64)
     if call.omit:
         weights = np.where(np.isnan(values), 0.0, weights)
-    mean, scale = _whitening(u, weights, eps)
+    mean, scale = _whitening(u, weights, eps, ddof, var_floor)
+    if not std_norm:
+        scale = 1.0 if weights.sum() > 0 else 0.0
     out = np.zeros(values.shape)
     if scale > 0:
         out = np.where(weights > 0, (u - mean) / scale, 0.0)
     return out.astype(centered.dtype, copy=False)
 
 
-def _whitening(u: np.ndarray, weights: np.ndarray, eps: float) -> tuple[float, float]:
-    """``(m, sqrt(v + eps))`` of :func:`reinforce_pp_baseline`: the weighted mean of ``u`` and
-    the root of its Bessel-corrected weighted variance plus eps; ``(0, 0)`` when there is
-    nothing to whiten (no weight, or zero spread with ``eps=0``)."""
+def _whitening(u: np.ndarray, weights: np.ndarray, eps: float, ddof: int = 1,
+               var_floor: float = 0.0) -> tuple[float, float]:
+    """``(m, sqrt(max(v, var_floor) + eps))`` of :func:`reinforce_pp_baseline`: the
+    weighted mean of ``u`` and the root of its weighted variance (Bessel-corrected with
+    ``ddof=1``); ``(0, 0)`` when there is nothing to whiten (no weight, or zero spread
+    with ``eps=0`` and no floor)."""
     top = float(weights.max()) if weights.size else 0.0
     if not top > 0:
         return 0.0, 0.0
@@ -400,8 +472,9 @@ def _whitening(u: np.ndarray, weights: np.ndarray, eps: float) -> tuple[float, f
     var = np.sum(rel * (u - mean) ** 2) / total
     with np.errstate(over="ignore"):
         absolute = total * top
-    if absolute > 1:
+    if ddof and absolute > 1:
         var /= 1.0 - 1.0 / absolute
+    var = max(var, var_floor)
     if not var + eps > 0:
         return 0.0, 0.0
     return float(mean), float(np.sqrt(var + eps))
@@ -509,6 +582,7 @@ def passk(
     group_ids: ArrayLike | None = None,
     eps: float = 1e-6,
     ddof: int = 1,
+    std_norm: bool = True,
     singleton: str = "zero",
     nan_policy: str = "raise",
     backend: str = "numba",
@@ -522,6 +596,9 @@ def passk(
     ----------
     rewards, offsets, group_ids, eps, ddof, singleton, nan_policy, backend
         As in :func:`grpo`.
+    std_norm : bool, default True
+        False gives the raw gap ``r_max - r_2nd`` (verl's ``grpo_passk`` with
+        ``norm_adv_by_std_in_grpo=False``); eps and ddof are then unused.
 
     Returns
     -------
@@ -535,10 +612,98 @@ def passk(
     array([[0.,  2.,  0.,  0.]])
     """
     eps, ddof = _check_eps_ddof(eps, ddof)
+    if not isinstance(std_norm, (bool, np.bool_)):
+        raise TypeError(f"`std_norm` must be a bool; got {type(std_norm).__name__}.")
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
 
     def run(values: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, bool]:
-        return call.engine.passk(
-            values, call.batch.offsets, eps * scale, ddof, call.raw, call.omit, _limit(call))
+        return call.engine.passk(values, call.batch.offsets, eps * scale, ddof, call.raw,
+                                 call.omit, _limit(call), normalize=bool(std_norm))
 
-    return _finish(call, run(call.batch.values), run, homogeneous=False, lone_eps=eps)
+    return _finish(call, run(call.batch.values), run, homogeneous=not std_norm,
+                   lone_eps=eps)
+
+
+def gdpo(
+    rewards: ArrayLike,
+    offsets: ArrayLike | None = None,
+    *,
+    group_ids: ArrayLike | None = None,
+    weights: ArrayLike | None = None,
+    eps: float = 1e-4,
+    ddof: int = 1,
+    singleton: str = "zero",
+    nan_policy: str = "raise",
+    backend: str = "numba",
+) -> np.ndarray:
+    """GDPO advantages for several reward functions: normalize each within its group,
+    sum with weights, whiten over the batch.
+
+    For reward functions k = 1..K with group-normalized rewards
+    ``g_k = (r_k - mean) / (std + eps)`` (:func:`grpo` per function), the result is
+    ``(R - mean(R)) / (std(R) + eps)`` with ``R = sum_k weights[k] * g_k`` and the mean
+    and std taken over the whole batch: TRL's
+    ``GRPOConfig(multi_objective_aggregation="normalize_then_sum")`` with ``eps=1e-4``.
+
+    Parameters
+    ----------
+    rewards : array_like, shape (B, G, K) or (N, K)
+        One column of rewards per reward function; ``(N, K)`` needs ``offsets`` or
+        ``group_ids``.
+    offsets, group_ids, singleton, backend
+        As in :func:`grpo`, for the groups of the first axes.
+    weights : array_like, shape (K,), optional
+        Finite weight of each reward function (default 1 each).
+    eps : float, default 1e-4
+        Added to the group std of each function and to the batch std of R.
+    ddof : {0, 1}, default 1
+        Delta degrees of freedom of both standard deviations.
+    nan_policy : {"raise", "omit"}, default "raise"
+        ``"omit"``: a NaN reward leaves its function's group statistics and adds 0 to R
+        (TRL's ``nansum``); a response whose rewards are all NaN gets 0 and leaves the
+        batch statistics.
+
+    Returns
+    -------
+    ndarray, shape (B, G) or (N,)
+        Advantages in the layout of the rewards' first axes and their float dtype.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from advcal import gdpo
+    >>> r = np.array([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [0.0, 1.0]]])
+    >>> gdpo(r, eps=0.0)  # group 0: the two functions cancel
+    array([[ 0.        ,  0.        ],
+           [ 1.22474487, -1.22474487]])
+    """
+    eps, ddof = _check_eps_ddof(eps, ddof)
+    arr = np.asarray(rewards) if not isinstance(rewards, np.ndarray) else rewards
+    if arr.ndim not in (2, 3):
+        raise ValueError(f"`rewards` must be (B, G, K) or (N, K) (one column per reward "
+                         f"function); got {arr.ndim}-D.")
+    n_funcs = arr.shape[-1]
+    if n_funcs == 0:
+        raise ValueError("`rewards` must hold at least one reward function (K >= 1).")
+    w = np.ones(n_funcs) if weights is None else as_float_array(weights, "weights")
+    if weights is not None:
+        if w.shape != (n_funcs,) or not np.isfinite(w).all():
+            raise ValueError(f"`weights` must be {n_funcs} finite numbers (one per reward "
+                             "function).")
+    total: np.ndarray | None = None
+    scored: np.ndarray | None = None
+    dtype = None
+    for k in range(n_funcs):
+        column = arr[..., k]
+        g = grpo(column, offsets, group_ids=group_ids, eps=eps, ddof=ddof,
+                 singleton=singleton, nan_policy=nan_policy, backend=backend)
+        dtype = g.dtype
+        term = w[k] * g.astype(np.float64)
+        total = term if total is None else total + term
+        valid = ~np.isnan(np.asarray(column, dtype=np.float64))
+        scored = valid if scored is None else scored | valid
+    assert total is not None and scored is not None
+    if not np.isfinite(total).all():
+        raise ValueError("`weights` are too large: the weighted sum overflows float64.")
+    return _whiten_batch(total, None if scored.all() else scored, eps, ddof).astype(
+        dtype, copy=False)

@@ -258,7 +258,8 @@ def _reinforce_pp_scale(values: np.ndarray, offsets: np.ndarray,
     counts = np.ones(values.shape) if tokens is None else np.asarray(tokens, np.float64)
     eps = options.get("eps", _default(reinforce_pp_baseline, "eps"))
     sizes, gap = _sizes_and_gap(values, offsets)
-    scale = np.full(sizes.size, _whitening(u, counts, eps)[1])
+    whitened = _whitening(u, counts, eps, options.get("ddof", 1), options.get("var_floor", 0.0))
+    scale = np.full(sizes.size, whitened[1] if options.get("std_norm", True) else 1.0)
     return Scaled(weights, scale, gap & (scale > 0.0))
 
 

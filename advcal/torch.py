@@ -26,7 +26,7 @@ import numpy as np
 
 from advcal._torch_gram import GradientCapture, last_blocks, response_objectives
 
-__all__ = ["GradientCapture", "advantages", "batch_std", "dr_grpo", "from_numpy", "gpg",
+__all__ = ["GradientCapture", "advantages", "batch_std", "dr_grpo", "from_numpy", "gdpo", "gpg",
            "grpo", "last_blocks", "maxnorm", "opo", "passk", "range_advantages",
            "reinforce_pp_baseline", "response_objectives", "rloo", "setgrpo", "to_numpy"]
 
@@ -223,18 +223,38 @@ def _point_estimator(name: str) -> Any:
 
     estimator.__name__ = estimator.__qualname__ = name
     estimator.__signature__ = inspect.signature(numpy_function)  # type: ignore[attr-defined]
+    rewards, extra = _EXAMPLE_INPUTS.get(name, ("[[1.0, 0.0, 0.5, 0.25]]", ""))
     estimator.__doc__ = (
         f""":func:`advcal.{name}` on torch tensors.
 
     Takes the arguments of :func:`advcal.{name}`; tensors among them (``rewards``,
-    ``offsets``, ``group_ids``, per-response options) are copied to the host.
+    ``offsets``, ``group_ids``, per-response options) are copied to the host.  An option
+    :func:`advcal.{name}` does not take is a TypeError naming both.
 
     Returns
     -------
     torch.Tensor
         Advantages with the device, shape and (floating) dtype of ``rewards``.
+
+    Examples
+    --------
+    >>> import pytest; torch = pytest.importorskip("torch")
+    >>> import advcal
+    >>> import advcal.torch as act
+    >>> r = torch.tensor({rewards}, dtype=torch.float64)
+    >>> out = act.{name}(r{extra})
+    >>> ref = advcal.{name}(r.numpy(){extra})
+    >>> out.dtype, bool((out.numpy() == ref).all())
+    (torch.float64, True)
     """)
     return estimator
+
+
+# Example inputs of the generated docstrings where the default ones do not fit.
+_EXAMPLE_INPUTS = {
+    "opo": ("[[1.0, 0.0, 0.5, 0.25]]", ", lengths=[[3, 1, 2, 2]]"),
+    "gdpo": ("[[[1.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [0.0, 1.0]]]", ""),
+}
 
 
 grpo = _point_estimator("grpo")
@@ -245,6 +265,7 @@ reinforce_pp_baseline = _point_estimator("reinforce_pp_baseline")
 opo = _point_estimator("opo")
 gpg = _point_estimator("gpg")
 passk = _point_estimator("passk")
+gdpo = _point_estimator("gdpo")
 
 
 def maxnorm(

@@ -69,7 +69,7 @@ def _moments(g, omit_nan):
 
 
 @njit(inline="always")
-def _scale_factor(n, ss, shift, mean, ddof, mode, eps, raw_singletons, divisor):
+def _scale_factor(n, ss, shift, mean, ddof, mode, eps, raw_singletons, divisor, floor):
     """(factor, norm², shift, mean) of one group: its advantages are
     ``((v - shift) - mean) * factor`` and norm² their squared L2 norm (NaN for a group
     with a non-finite reward).  A factor of 0 gives the group exact zeros.  A lone
@@ -80,8 +80,8 @@ def _scale_factor(n, ss, shift, mean, ddof, mode, eps, raw_singletons, divisor):
         return 1.0 / lone, norm, 0.0, 0.0
     if n < 2 or not ss > 0.0:
         factor = 0.0
-    elif mode == GRPO:
-        factor = 1.0 / (math.sqrt(ss / (n - ddof)) + eps)
+    elif mode == GRPO:  # floor: the std's lower bound (verl's grpo_vectorized)
+        factor = 1.0 / (max(math.sqrt(ss / (n - ddof)), floor) + eps)
     elif mode == RLOO:
         factor = 1.0 / ((n - 1.0) / n)
     elif mode == FIXED:
@@ -93,7 +93,7 @@ def _scale_factor(n, ss, shift, mean, ddof, mode, eps, raw_singletons, divisor):
 
 
 def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
-                  out):
+                  floor, out):
     """Returns the number of groups with a non-finite reward or sum of squares, or an
     |advantage| > ``limit``.  Omitted NaN rewards get 0."""
     n_bad = 0
@@ -102,7 +102,7 @@ def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, omit_nan, divisor
         o = out[offsets[q]:offsets[q + 1]]
         n, shift, mean, ss = _moments(g, omit_nan)
         factor, norm, shift, mean = _scale_factor(n, ss, shift, mean, ddof, mode, eps,
-                                                  raw_singletons, divisor)
+                                                  raw_singletons, divisor, floor)
         # Each value against the limit, not the norm: values that fit are returned even
         # where their squares would overflow.  norm is NaN when ss is not finite.
         ok = norm == norm
@@ -157,7 +157,7 @@ def _opo(offsets, x, weights, raw_singletons, omit_nan, limit, out):
     return n_bad
 
 
-def _passk(offsets, x, eps, ddof, raw_singletons, omit_nan, limit, out):
+def _passk(offsets, x, eps, ddof, normalize, raw_singletons, omit_nan, limit, out):
     """Returns the number of groups with a non-finite reward or an |advantage| > limit."""
     n_bad = 0
     for q in range(offsets.size - 1):
@@ -181,11 +181,11 @@ def _passk(offsets, x, eps, ddof, raw_singletons, omit_nan, limit, out):
                 second = v
         a = 0.0
         if n >= 2:
-            s = math.sqrt(ss / (n - ddof)) + eps
+            s = math.sqrt(ss / (n - ddof)) + eps if normalize else 1.0
             if s != 0.0:
                 a = (top - second) / s
         elif n == 1 and raw_singletons:
-            a = top / (1.0 + eps)
+            a = top / (1.0 + eps) if normalize else top
         if best >= 0:
             o[best] = a
         n_bad += not (math.isfinite(ss) and abs(a) <= limit)
@@ -204,10 +204,11 @@ _statistics_kernel = compile_serial(_statistics, FASTMATH)
 
 
 def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
-                 threaded=None):
+                 threaded=None, *, std_floor=0.0):
     out = np.empty_like(x)
     n_bad = run_over_groups(_center_scale_kernel, offsets, (), x, mode, eps, ddof,
-                            raw_singletons, omit_nan, divisor, limit, out, threaded=threaded)
+                            raw_singletons, omit_nan, divisor, limit, std_floor, out,
+                            threaded=threaded)
     return out, sum(n_bad) == 0
 
 
@@ -218,10 +219,11 @@ def opo(x, weights, offsets, raw_singletons, omit_nan, limit, threaded=None):
     return out, sum(n_bad) == 0
 
 
-def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit, threaded=None):
+def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit, threaded=None, *,
+          normalize=True):
     out = np.empty_like(x)
-    n_bad = run_over_groups(_passk_kernel, offsets, (), x, eps, ddof, raw_singletons,
-                            omit_nan, limit, out, threaded=threaded)
+    n_bad = run_over_groups(_passk_kernel, offsets, (), x, eps, ddof, normalize,
+                            raw_singletons, omit_nan, limit, out, threaded=threaded)
     return out, sum(n_bad) == 0
 
 

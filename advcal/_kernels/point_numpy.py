@@ -33,7 +33,8 @@ def _outputs(x, offsets):
 
 
 @_quiet
-def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit):
+def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
+                 std_floor=0.0):
     out, amax = _outputs(x, offsets)
     for q, sl, valid, r in groups(x, offsets, omit_nan):
         n = r.size
@@ -48,8 +49,8 @@ def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
             if not np.isfinite(np.sum(u * u)):  # statistics overflow: the caller rescales
                 amax[q] = np.nan
                 continue
-            if mode == GRPO:
-                s = np.sqrt(np.sum(u * u) / (n - ddof)) + eps if n > ddof else eps
+            if mode == GRPO:  # std_floor: verl's grpo_vectorized
+                s = max(np.sqrt(np.sum(u * u) / (n - ddof)), std_floor) + eps
             elif mode == RLOO:
                 s = (n - 1) / n
             elif mode == FIXED:
@@ -86,7 +87,7 @@ def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
 
 
 @_quiet
-def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit):
+def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit, normalize=True):
     out, amax = _outputs(x, offsets)
     for q, sl, valid, r in groups(x, offsets, omit_nan):
         n = r.size
@@ -97,14 +98,14 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit):
             continue
         best = int(np.argmax(r))  # first of tied maxima
         if n == 1:
-            s = 1.0 + eps
+            s = 1.0 + eps if normalize else 1.0
             a = r[0] / s
         else:
             ss = np.sum(_centered(r) ** 2)
             if not np.isfinite(ss):  # statistics overflow: the caller rescales
                 amax[q] = np.nan
                 continue
-            s = np.sqrt(ss / (n - ddof)) + eps if n > ddof else eps
+            s = np.sqrt(ss / (n - ddof)) + eps if normalize else 1.0
             if s == 0.0:
                 continue
             a = (r[best] - np.sort(r)[-2]) / s
