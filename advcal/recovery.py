@@ -13,6 +13,12 @@ its responses' policy gradients (the update of coefficients a is U(a) = Σ a_i g
   concave in η once the positive denominators are cleared, so the feasible set is an
   interval, found with golden-section + bisection on O(1)-cost evaluations.  An empty
   set rejects the group (no update); otherwise a(η*) is written back.
+
+The SetGRPO paper's ablations are keyword switches of :func:`recover` (and of
+``select_threshold`` / ``setgrpo``): ``reward_condition=False`` drops M_reward(η) > 0,
+``recovery=False`` restricts η to {0, 1}, ``discard="matched-random"`` keeps as many
+groups as the gate accepts, chosen at random, with their GRPO coefficients c.  A fixed
+threshold in place of the calibrated one is a plain float ``tau``.
 """
 
 from __future__ import annotations
@@ -22,13 +28,24 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from advcal._blocks import block_offsets, gather_blocks, gather_rows, size_classes
+from advcal._blocks import block_offsets, gather_blocks, gather_rows, segment_sum, size_classes
 from advcal._kernels import engine
-from advcal._kernels.ggsr import GRAM_RTOL, NOT_FINITE, NOT_PSD, NOT_SYMMETRIC, OVERFLOW
+from advcal._kernels.ggsr import (
+    GRAM_RTOL,
+    NOT_FINITE,
+    NOT_PSD,
+    NOT_SYMMETRIC,
+    OVERFLOW,
+    ZERO_CENTER_RTOL,
+)
 from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
 from advcal.sets import CoefficientSets
 
-__all__ = ["Recovery", "recover"]
+__all__ = ["DISCARDS", "Recovery", "recover"]
+
+#: Which groups an update keeps: ``"gate"`` (GGSR's recovery sets) or ``"matched-random"``
+#: (the ablation: as many groups as the gate accepts, drawn at random, with η = 1).
+DISCARDS = ("gate", "matched-random")
 
 
 class Recovery(NamedTuple):
@@ -118,9 +135,72 @@ def _normalize_blocks(blocks: np.ndarray, n: int) -> None:
     blocks /= np.where(np.isfinite(top) & (top > 0), top, 1.0)[:, None]
 
 
+class _Ablation(NamedTuple):
+    """Validated SetGRPO ablation switches (defaults: the full method)."""
+
+    reward_condition: bool = True
+    recovery: bool = True
+    discard: str = "gate"
+    seed: Any = None
+
+
+_FULL_METHOD = _Ablation()
+
+
+def _check_flag(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"`{name}` must be True or False; got {value!r}.")
+    return bool(value)
+
+
+def _ablation_iv(reward_condition: Any, recovery: Any, discard: Any, seed: Any) -> _Ablation:
+    reward_condition = _check_flag(reward_condition, "reward_condition")
+    recovery = _check_flag(recovery, "recovery")
+    check_choice(discard, "discard", DISCARDS)
+    if discard == "matched-random":
+        if seed is None:
+            raise ValueError('`seed` is required with discard="matched-random" (the random '
+                             "choice must be reproducible).")
+        try:
+            np.random.default_rng(seed)
+        except (TypeError, ValueError) as err:
+            raise TypeError("`seed` must be an int, SeedSequence or Generator; got "
+                            f"{type(seed).__name__}.") from err
+    elif seed is not None:
+        raise ValueError('`seed` is only used with discard="matched-random".')
+    return _Ablation(reward_condition, recovery, discard, seed)
+
+
+def _eligible(sets: CoefficientSets, gram_flat: np.ndarray) -> np.ndarray:
+    """Groups with an update of their own, U(c) ≠ 0 (the engines' test; blocks have unit
+    largest diagonal): the pool the matched random discard draws from."""
+    centers = sets.geometry.centers
+    offsets = sets.offsets
+    ckc = _segment_dot_gram(centers, centers, gram_flat, offsets, block_offsets(sets.batch.sizes))
+    cc = segment_sum(centers * centers, offsets)
+    return (np.diff(offsets) >= 2) & (cc > 0) & (ckc > ZERO_CENTER_RTOL * cc)
+
+
+def _matched_random(sets: CoefficientSets, gram_flat: np.ndarray, raw: _RawRecovery,
+                    seed: Any) -> _RawRecovery:
+    """Per threshold, keep as many eligible groups as the gate accepted, drawn uniformly
+    at random (one permutation for the whole grid, so the kept sets are nested), at η = 1
+    (their GRPO coefficients c); projections are not evaluated (NaN)."""
+    pool = np.flatnonzero(_eligible(sets, gram_flat))
+    order = np.random.default_rng(seed).permutation(pool)
+    counts = raw.accepted.sum(axis=0)
+    accepted = np.zeros_like(raw.accepted)
+    for t, count in enumerate(counts.tolist()):
+        accepted[order[:count], t] = True
+    nan = np.full(raw.m_full.shape, np.nan)
+    return raw._replace(accepted=accepted, eta=accepted.astype(np.float64), m_full=nan,
+                        m_reward=nan.copy())
+
+
 def _run_recovery(sets: CoefficientSets, gram_flat: np.ndarray, taus: np.ndarray,
-                 reference: np.ndarray | None, backend: str) -> _RawRecovery:
-    """Run the engine for every threshold and raise on a bad Gram block."""
+                 reference: np.ndarray | None, backend: str,
+                 ablation: _Ablation = _FULL_METHOD) -> _RawRecovery:
+    """Run the engine for every threshold, raise on a bad Gram block, apply ``ablation``."""
     geo = sets.geometry
     offsets = sets.offsets
     boffsets = block_offsets(sets.batch.sizes)
@@ -131,7 +211,9 @@ def _run_recovery(sets: CoefficientSets, gram_flat: np.ndarray, taus: np.ndarray
     # The numba engine picks one thread or several by the number of groups.
     status, anchors, eta, accepted, m_full, m_reward, ref0, ref1 = engine(
         "recovery", backend).recover_groups(geo.centers, offsets, root, gram_flat, boffsets,
-                                            rho, taus, ref)
+                                            rho, taus, ref,
+                                            reward_condition=ablation.reward_condition,
+                                            binary=not ablation.recovery)
     bad = np.flatnonzero(status)
     if bad.size:
         q = int(bad[0])
@@ -151,7 +233,10 @@ def _run_recovery(sets: CoefficientSets, gram_flat: np.ndarray, taus: np.ndarray
         m_reward = np.full_like(m_reward, np.nan)
         ref0 = np.zeros_like(ref0)
         ref1 = _segment_dot_gram(geo.centers, ref, gram_flat, offsets, boffsets)
-    return _RawRecovery(anchors, eta, accepted, m_full, m_reward, ref0, ref1)
+    raw = _RawRecovery(anchors, eta, accepted, m_full, m_reward, ref0, ref1)
+    if ablation.discard == "matched-random":
+        raw = _matched_random(sets, gram_flat, raw, ablation.seed)
+    return raw
 
 
 def _segment_dot_gram(x: np.ndarray, y: np.ndarray, gram_flat: np.ndarray, offsets: np.ndarray,
@@ -175,16 +260,20 @@ def _coefficients_at(sets: CoefficientSets, raw: _RawRecovery, column: int) -> n
     sizes = sets.batch.sizes
     eta_flat = np.repeat(eta, sizes)
     keep = np.repeat(accepted, sizes)
-    out = raw.anchors + eta_flat * (sets.geometry.centers - raw.anchors)
-    return np.where(keep, out, 0.0)
+    centers = sets.geometry.centers
+    out = raw.anchors + eta_flat * (centers - raw.anchors)
+    # η* = 1 writes back c exactly (the rounding of a₀ + (c − a₀) would not).
+    return np.where(keep, np.where(eta_flat == 1.0, centers, out), 0.0)
 
 
-def _recover_iv(sets: Any, gram: Any, tau: Any, backend: Any
-                ) -> tuple[CoefficientSets, np.ndarray, float]:
+def _recover_iv(sets: Any, gram: Any, tau: Any, backend: Any, reward_condition: Any = True,
+                recovery: Any = True, discard: Any = "gate", seed: Any = None
+                ) -> tuple[CoefficientSets, np.ndarray, float, _Ablation]:
     sets = _check_sets(sets)
     tau = check_real(tau, "tau", low=0.0, high=1.0, high_inclusive=False)
     check_choice(backend, "backend", BACKENDS)
-    return sets, _gram_blocks(sets, gram), tau
+    ablation = _ablation_iv(reward_condition, recovery, discard, seed)
+    return sets, _gram_blocks(sets, gram), tau, ablation
 
 
 def recover(
@@ -192,6 +281,10 @@ def recover(
     gram: ArrayLike,
     *,
     tau: float,
+    reward_condition: bool = True,
+    recovery: bool = True,
+    discard: str = "gate",
+    seed: Any = None,
     backend: str = "numba",
 ) -> Recovery:
     """Geometry-guided safe recovery (GGSR) of every group of a batch.
@@ -206,7 +299,20 @@ def recover(
         n_q × n_q blocks otherwise.  Must be finite, symmetric and PSD (tolerance 1e-8 ×
         the block's largest diagonal entry).
     tau : float
-        Threshold τ ∈ [0, 1) on M_full.
+        Threshold τ ∈ [0, 1) on M_full.  A threshold chosen by hand rather than by
+        :func:`advcal.select_threshold` is the paper's "fixed threshold" ablation.
+    reward_condition : bool, default True
+        False drops the reward-space condition M_reward(η) > 0 (ablation): η* =
+        sup{η : M_full(η) ≥ τ}, so every group the full method accepts is accepted.
+    recovery : bool, default True
+        False drops recovery (ablation): η* is the largest feasible η in {0, 1} only
+        (1 when c itself is feasible, else 0 when the anchor is, else rejected).
+    discard : {"gate", "matched-random"}, default "gate"
+        ``"matched-random"`` (ablation) keeps exactly as many groups as the gate accepts,
+        drawn uniformly at random among the groups with an update of their own, with
+        their GRPO coefficients c (η* = 1; ``m_full``, ``m_reward`` NaN).
+    seed : int, SeedSequence or Generator, optional
+        Randomness of ``discard="matched-random"`` (required there, refused otherwise).
     backend : {"numba", "numpy"}, default "numba"
         Compiled kernel or the numpy/scipy reference.
 
@@ -231,8 +337,9 @@ def recover(
     >>> bool(((rec.eta >= 0) & (rec.eta <= 1)).all())
     True
     """
-    sets, gram_flat, tau = _recover_iv(sets, gram, tau, backend)
-    raw = _run_recovery(sets, gram_flat, np.array([tau]), None, backend)
+    sets, gram_flat, tau, ablation = _recover_iv(sets, gram, tau, backend, reward_condition,
+                                                 recovery, discard, seed)
+    raw = _run_recovery(sets, gram_flat, np.array([tau]), None, backend, ablation)
     coefficients = _coefficients_at(sets, raw, 0)
     restore = sets.batch.restore
     return Recovery(

@@ -23,6 +23,7 @@ from advcal._validation import BACKENDS, as_float_array, check_choice, check_rea
 from advcal.bounds import BOUNDS, _p_values, risk_p_value, ucb
 from advcal.recovery import (
     Recovery,
+    _ablation_iv,
     _check_sets,
     _coefficients_at,
     _gram_blocks,
@@ -92,6 +93,7 @@ def _thresholds_iv(thresholds: Any) -> np.ndarray:
 
 def _select_iv(sets: Any, gram: Any, reference: Any, thresholds: Any, beta: Any, delta: Any,
                bound: Any, procedure: Any, backend: Any) -> tuple[Any, ...]:
+    # The ablation switches are validated by recovery._ablation_iv in select_threshold.
     sets = _check_sets(sets)
     beta = check_real(beta, "beta", low=0.0, high=1.0, low_inclusive=False,
                       high_inclusive=False)
@@ -187,6 +189,10 @@ def select_threshold(
     delta: float,
     bound: str = "clopper-pearson",
     procedure: str = "bonferroni",
+    reward_condition: bool = True,
+    recovery: bool = True,
+    discard: str = "gate",
+    seed: Any = None,
     backend: str = "numba",
 ) -> ThresholdSelection:
     """Risk-calibrate the GGSR threshold on calibration groups (SRGO).
@@ -216,6 +222,11 @@ def select_threshold(
         first not certified.  The start depends only on the acceptance counts, which
         never look at the reference scoring, so the guarantee is that of a sequence
         fixed in advance (see the SetGRPO docs page for the proof).
+    reward_condition, recovery, discard, seed
+        The SetGRPO ablations, as in :func:`advcal.recover`, applied at every threshold
+        (``"matched-random"`` draws one random order of the groups, so the kept sets are
+        nested as τ loosens; a kept group is a reversal when cᵀ K a_ref < 0).  Acceptance
+        still never looks at the reference, so the guarantee holds for each ablation.
     backend : {"numba", "numpy"}, default "numba"
         Recovery engine.
 
@@ -240,7 +251,8 @@ def select_threshold(
     """
     sets, gram_flat, ref, taus, beta, delta = _select_iv(
         sets, gram, reference, thresholds, beta, delta, bound, procedure, backend)
-    raw = _run_recovery(sets, gram_flat, taus, ref, backend)
+    ablation = _ablation_iv(reward_condition, recovery, discard, seed)
+    raw = _run_recovery(sets, gram_flat, taus, ref, backend, ablation)
     accepted = raw.accepted
     eta = np.where(accepted, raw.eta, 0.0)
     dot = raw.ref0[:, None] + eta * raw.ref1[:, None]
@@ -259,6 +271,10 @@ def setgrpo(
     calibration: SetCalibration,
     tau: float | ThresholdSelection | None,
     noise_var: ArrayLike | None = None,
+    reward_condition: bool = True,
+    recovery: bool = True,
+    discard: str = "gate",
+    seed: Any = None,
     backend: str = "numba",
 ) -> Recovery:
     """One SetGRPO step on a training batch: JRSC sets, then GGSR at the threshold.
@@ -277,9 +293,13 @@ def setgrpo(
         From :func:`advcal.calibrate_sets` (on groups independent of this batch).
     tau : float, ThresholdSelection or None
         The threshold (typically ``select_threshold(...).tau_sel``, or the selection
-        itself).  None — no risk-feasible threshold — rejects every group.
+        itself).  None — no risk-feasible threshold — rejects every group.  A float
+        chosen by hand instead of calibrated is the paper's "fixed threshold" ablation.
     noise_var : array_like, optional
         Per-response grader variances, for a calibration with ``noise="diagonal"``.
+    reward_condition, recovery, discard, seed
+        The SetGRPO ablations, as in :func:`advcal.recover` (the threshold should come
+        from a ``select_threshold`` run with the same switches).
     backend : {"numba", "numpy"}, default "numba"
         Recovery engine.
 
@@ -310,8 +330,10 @@ def setgrpo(
     sets = coefficient_sets(rewards, offsets, group_ids=group_ids, calibration=calibration,
                             noise_var=noise_var)
     if tau is not None:
-        return recover(sets, gram, tau=tau, backend=backend)
+        return recover(sets, gram, tau=tau, reward_condition=reward_condition,
+                       recovery=recovery, discard=discard, seed=seed, backend=backend)
     check_choice(backend, "backend", BACKENDS)
+    _ablation_iv(reward_condition, recovery, discard, seed)  # rejecting all: checked only
     raw = _run_recovery(sets, _gram_blocks(sets, gram), np.array([0.0]), None, backend)
     rejected = raw._replace(accepted=np.zeros_like(raw.accepted), eta=np.zeros_like(raw.eta))
     restore = sets.batch.restore

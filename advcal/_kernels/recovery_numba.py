@@ -278,15 +278,16 @@ def _sqrt0(x):
 
 
 @cached_njit(fastmath=_FASTMATH)
-def _margins(eta, coef, rho, tau, kappa, cnorm2):
-    """(scaled full margin, scaled reward margin) at η from the precomputed polynomials."""
+def _margins(eta, coef, rho, tau, kappa, cnorm2, use_reward):
+    """(scaled full margin, scaled reward margin) at η from the precomputed polynomials;
+    the reward margin is +inf when the reward-space condition is dropped (ablation)."""
     a = coef[0] + eta * coef[1]
     q = coef[2] + eta * (2.0 * coef[3] + eta * coef[4])
     w = coef[5] + eta * (2.0 * coef[6] + eta * coef[7])
     ar = coef[8] + eta * coef[9]
     wr = coef[10] + eta * (2.0 * coef[11] + eta * coef[12])
     full = (a - rho * _sqrt0(w) - tau * kappa * _sqrt0(q)) / (kappa * kappa)
-    reward = (ar - rho * _sqrt0(wr)) / cnorm2
+    reward = (ar - rho * _sqrt0(wr)) / cnorm2 if use_reward else math.inf
     return full, reward
 
 
@@ -296,26 +297,32 @@ def _feasible(full, reward):
 
 
 @cached_njit(fastmath=_FASTMATH)
-def _eta_star(coef, rho, tau, kappa, cnorm2):
-    """sup{η ∈ [0, 1]: full(η) ≥ 0, reward(η) > 0}, or −1 if empty (both margins concave)."""
-    f1, r1 = _margins(1.0, coef, rho, tau, kappa, cnorm2)
+def _eta_star(coef, rho, tau, kappa, cnorm2, use_reward, binary):
+    """sup{η ∈ [0, 1]: full(η) ≥ 0, reward(η) > 0}, or −1 if empty (both margins concave).
+
+    ``binary`` (the no-recovery ablation) takes the sup over η ∈ {0, 1} only."""
+    f1, r1 = _margins(1.0, coef, rho, tau, kappa, cnorm2, use_reward)
     if _feasible(f1, r1):
         return 1.0
-    f0, r0 = _margins(0.0, coef, rho, tau, kappa, cnorm2)
+    f0, r0 = _margins(0.0, coef, rho, tau, kappa, cnorm2, use_reward)
     lo = -1.0
     if _feasible(f0, r0):
         lo = 0.0
+        if binary:
+            return 0.0
+    elif binary:
+        return -1.0
     else:
         # Golden-section ascent of the concave min(full, reward) until a feasible point.
         a = 0.0
         b = 1.0
         x1 = b - GOLDEN * (b - a)
         x2 = a + GOLDEN * (b - a)
-        f, r = _margins(x1, coef, rho, tau, kappa, cnorm2)
+        f, r = _margins(x1, coef, rho, tau, kappa, cnorm2, use_reward)
         h1 = min(f, r)
         if _feasible(f, r):
             lo = x1
-        f, r = _margins(x2, coef, rho, tau, kappa, cnorm2)
+        f, r = _margins(x2, coef, rho, tau, kappa, cnorm2, use_reward)
         h2 = min(f, r)
         if lo < 0.0 and _feasible(f, r):
             lo = x2
@@ -325,7 +332,7 @@ def _eta_star(coef, rho, tau, kappa, cnorm2):
                 x1 = x2
                 h1 = h2
                 x2 = a + GOLDEN * (b - a)
-                f, r = _margins(x2, coef, rho, tau, kappa, cnorm2)
+                f, r = _margins(x2, coef, rho, tau, kappa, cnorm2, use_reward)
                 h2 = min(f, r)
                 if _feasible(f, r):
                     lo = x2
@@ -334,7 +341,7 @@ def _eta_star(coef, rho, tau, kappa, cnorm2):
                 x2 = x1
                 h2 = h1
                 x1 = b - GOLDEN * (b - a)
-                f, r = _margins(x1, coef, rho, tau, kappa, cnorm2)
+                f, r = _margins(x1, coef, rho, tau, kappa, cnorm2, use_reward)
                 h1 = min(f, r)
                 if _feasible(f, r):
                     lo = x1
@@ -343,7 +350,7 @@ def _eta_star(coef, rho, tau, kappa, cnorm2):
     hi = 1.0
     while hi - lo > ETA_TOL:
         mid = 0.5 * (lo + hi)
-        f, r = _margins(mid, coef, rho, tau, kappa, cnorm2)
+        f, r = _margins(mid, coef, rho, tau, kappa, cnorm2, use_reward)
         if _feasible(f, r):
             lo = mid
         else:
@@ -352,7 +359,7 @@ def _eta_star(coef, rho, tau, kappa, cnorm2):
 
 
 def _recover(offsets, boffsets, status, eta, accepted, m_full, m_reward, ref0, ref1,
-             centers, root, gram, rho, taus, reference, anchors):
+             centers, root, gram, rho, taus, reference, anchors, use_reward, binary):
     """GGSR for the groups of ``offsets``: fills row q of the per-group outputs and the
     anchor's positions of ``anchors``; nothing read or written depends on other groups."""
     width = 0
@@ -461,7 +468,7 @@ def _recover(offsets, boffsets, status, eta, accepted, m_full, m_reward, ref0, r
         qr2 = _dot(d, d, n)
         cnorm = math.sqrt(cnorm2)
         for t in range(n_taus):
-            e = _eta_star(coef, rho, taus[t], kappa, cnorm2)
+            e = _eta_star(coef, rho, taus[t], kappa, cnorm2, use_reward, binary)
             ok = e >= 0.0
             e = e if ok else 0.0
             accepted[q, t] = ok
@@ -480,7 +487,7 @@ _recover_kernel = compile_serial(_recover, FASTMATH)
 
 
 def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference,
-                   threaded=None):
+                   threaded=None, reward_condition=True, binary=False):
     """GGSR for every group and threshold.
 
     Returns ``(status, anchors, eta, accepted, m_full, m_reward, ref0, ref1)``: per-group
@@ -488,6 +495,8 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference,
     acceptance flag and the projections at η*; and aᵀK·reference at η = 0 (ref0) and its
     slope in η (ref1), so a(η)ᵀK a_ref = ref0 + η·ref1.  ``threaded``: None threads from
     PARALLEL_MIN_GROUPS groups, True on any size (tests), False never.
+    ``reward_condition=False`` drops M_reward(η) > 0 and ``binary=True`` restricts η to
+    {0, 1} (the SetGRPO ablations).
     """
     n_groups = offsets.size - 1
     n_taus = taus.size
@@ -499,5 +508,6 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference,
         threaded = n_groups >= PARALLEL_MIN_GROUPS
     run_over_groups(_recover_kernel, offsets,
                     (boffsets, status, eta, accepted, m_full, m_reward, ref0, ref1),
-                    centers, root, gram, rho, taus, reference, anchors, threaded=threaded)
+                    centers, root, gram, rho, taus, reference, anchors, bool(reward_condition),
+                    bool(binary), threaded=threaded)
     return status, anchors, eta, accepted, m_full, m_reward, ref0, ref1

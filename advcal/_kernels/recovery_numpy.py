@@ -71,7 +71,7 @@ def _projections(a: np.ndarray, c: np.ndarray, r: np.ndarray, k: np.ndarray, rho
 
 
 def _eta_star(a0: np.ndarray, c: np.ndarray, r: np.ndarray, k: np.ndarray, rho: float,
-              tau: float) -> float:
+              tau: float, reward_condition: bool = True, binary: bool = False) -> float:
     from scipy.optimize import brentq, minimize_scalar
 
     ckc = float(c @ k @ c)
@@ -81,7 +81,9 @@ def _eta_star(a0: np.ndarray, c: np.ndarray, r: np.ndarray, k: np.ndarray, rho: 
         a = a0 + eta * (c - a0)
         full_num, _, reward_num, _ = _projections(a, c, r, k, rho)
         q = np.sqrt(max(float(a @ k @ a), 0.0))
-        return (full_num - tau * np.sqrt(ckc) * q) / ckc, reward_num / cc
+        # Without the reward-space condition (ablation) only M_full constrains η.
+        return (full_num - tau * np.sqrt(ckc) * q) / ckc, (
+            reward_num / cc if reward_condition else np.inf)
 
     def feasible(eta: float) -> bool:
         f, g = margin(eta)
@@ -89,6 +91,8 @@ def _eta_star(a0: np.ndarray, c: np.ndarray, r: np.ndarray, k: np.ndarray, rho: 
 
     if feasible(1.0):
         return 1.0
+    if binary:  # no recovery (ablation): η ∈ {0, 1} only
+        return 0.0 if feasible(0.0) else -1.0
     if feasible(0.0):
         start = 0.0
     else:
@@ -111,7 +115,8 @@ def _eta_star(a0: np.ndarray, c: np.ndarray, r: np.ndarray, k: np.ndarray, rho: 
     return float(root)
 
 
-def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference):
+def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference,
+                   reward_condition=True, binary=False):
     """Reference of ``recovery_numba.recover_groups`` (same outputs)."""
     n_groups = offsets.size - 1
     n_taus = taus.size
@@ -147,7 +152,7 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference)
         if not float(a0 @ k @ a0) > ZERO_UPDATE_RTOL * ckc:
             continue
         for t in range(n_taus):
-            e = _eta_star(a0, c, r, k, rho, float(taus[t]))
+            e = _eta_star(a0, c, r, k, rho, float(taus[t]), reward_condition, binary)
             ok = e >= 0.0
             e = e if ok else 0.0
             accepted[q, t] = ok
