@@ -13,7 +13,17 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from advcal import batch_std, dr_grpo, gpg, grpo, opo, passk, reinforce_pp_baseline, rloo
+from advcal import (
+    batch_std,
+    dr_grpo,
+    gdpo,
+    gpg,
+    grpo,
+    opo,
+    passk,
+    reinforce_pp_baseline,
+    rloo,
+)
 
 
 def _group_stats(scores, index):
@@ -231,3 +241,248 @@ def test_known_divergence_zero_variance_residue(backend):
     framework_style = (rewards - mean) / (std + np.float32(1e-6))
     assert np.abs(framework_style).min() > 0.05
     assert (grpo(rewards, backend=backend) == 0.0).all()
+
+
+# --------------------------------------------------------------------------- issue 16 options
+# Each reference below restates one framework option from its semantics (per-group sums,
+# token masks, nan-aware reductions), independently of advcal's code.
+
+
+def verl_grpo_vectorized(scores, index, epsilon=1e-6):
+    """Per-group sums s1, s2; variance (s2 - s1^2/n) / max(n - 1, 1) floored at epsilon;
+    lone responses mean 0, std 1; (s - mean) / (std + epsilon)."""
+    labels, g = np.unique(index, return_inverse=True)
+    count = np.bincount(g, minlength=labels.size).astype(float)
+    s1 = np.bincount(g, scores, labels.size)
+    s2 = np.bincount(g, scores * scores, labels.size)
+    mean = s1 / np.maximum(count, 1.0)
+    var = (s2 - s1 * s1 / np.maximum(count, 1.0)) / np.maximum(count - 1.0, 1.0)
+    std = np.sqrt(np.maximum(var, epsilon))
+    mean[count <= 1] = 0.0
+    std[count <= 1] = 1.0
+    return (scores - mean[g]) / (std[g] + epsilon)
+
+
+def test_grpo_std_floor_equals_verl_grpo_vectorized(backend):
+    rng = np.random.default_rng(16)
+    groups = [rng.uniform(size=6), np.array([0.0, 1e-4, 2e-4, 0.0]),  # std below the floor
+              rng.integers(0, 2, 5).astype(float), np.array([0.3]), np.full(3, 0.5)]
+    scores = np.concatenate(groups)
+    uids = np.repeat([f"u{q}" for q in range(len(groups))], [g.size for g in groups])
+    perm = rng.permutation(scores.size)
+    scores, uids = scores[perm], uids[perm]
+    ours = grpo(scores, group_ids=uids, eps=1e-6, std_floor=1e-3, singleton="raw",
+                backend=backend)
+    np.testing.assert_allclose(ours, verl_grpo_vectorized(scores, uids), rtol=1e-9,
+                               atol=1e-9)
+    # Without the floor the tiny-spread group (std 1e-4) is scaled up 10x more.
+    plain = grpo(scores, group_ids=uids, eps=1e-6, singleton="raw", backend=backend)
+    tiny = uids == "u1"
+    assert np.abs(plain[tiny]).max() > 9 * np.abs(ours[tiny]).max()
+
+
+def verl_passk_raw_gap(scores, index):
+    out = np.zeros(len(scores))
+    for label in set(index):
+        pos = [i for i, idx in enumerate(index) if idx == label]
+        values = [scores[i] for i in pos]
+        best = max(range(len(values)), key=lambda j: (values[j], -j))  # first of ties
+        rest = values[:best] + values[best + 1:]
+        out[pos[best]] = values[best] - max(rest)
+    return out
+
+
+def test_passk_without_std_equals_verl_passk_norm_false(verl_batch, backend):
+    scores, uids, _ = verl_batch
+    keep = np.isin(uids, [u for u in np.unique(uids) if (uids == u).sum() >= 2])
+    scores, uids = scores[keep], uids[keep]
+    ours = passk(scores, group_ids=uids, std_norm=False, backend=backend)
+    np.testing.assert_allclose(ours, verl_passk_raw_gap(list(scores), list(uids)),
+                               rtol=1e-15, atol=0)
+
+
+def openrlhf_reinforce_baseline(rewards, lengths, *, std_norm=True, dtype=np.float64):
+    """Contiguous groups (B, n): rewards minus the group mean, the return at every token
+    (gamma = 1, outcome reward), then the token-masked mean and biased variance over the
+    whole batch, rstd = clamp(var, 1e-8) ** -0.5, all in ``dtype``."""
+    centered = (rewards - rewards.mean(-1, keepdims=True)).reshape(-1).astype(dtype)
+    width = int(lengths.max())
+    mask = (np.arange(width)[None, :] < lengths.reshape(-1)[:, None]).astype(dtype)
+    tokens = centered[:, None] * mask
+    n_tokens = mask.sum()
+    mean = (tokens * mask).sum() / n_tokens
+    if std_norm:
+        var = (((tokens - mean) ** 2) * mask).sum() / n_tokens
+        rstd = dtype(1.0) / np.sqrt(np.maximum(var, dtype(1e-8)))
+    else:
+        rstd = dtype(1.0)
+    return ((tokens - mean) * rstd)[:, 0].reshape(rewards.shape)
+
+
+@pytest.fixture
+def openrlhf_batch():
+    rng = np.random.default_rng(9)
+    rewards = rng.uniform(size=(12, 4))
+    rewards[2] = rng.integers(0, 2, 4)
+    lengths = rng.integers(5, 300, size=(12, 4)).astype(float)
+    return rewards, lengths
+
+
+def test_reinforce_pp_baseline_equals_openrlhf_reinforce_baseline(openrlhf_batch, backend):
+    rewards, lengths = openrlhf_batch
+    ours = reinforce_pp_baseline(rewards, token_counts=lengths, ddof=0, eps=0.0,
+                                 var_floor=1e-8, backend=backend)
+    np.testing.assert_allclose(ours, openrlhf_reinforce_baseline(rewards, lengths),
+                               rtol=1e-10, atol=1e-12)
+    # OpenRLHF's statistics are float32 (.float()); advcal computes them in float64.
+    f32 = openrlhf_reinforce_baseline(rewards, lengths, dtype=np.float32)
+    np.testing.assert_allclose(ours, f32, rtol=0, atol=1e-5)
+    # verl's mapping (Bessel, eps inside the root) is not OpenRLHF's: it differs.
+    verl_style = reinforce_pp_baseline(rewards, token_counts=lengths, backend=backend)
+    assert not np.allclose(verl_style, ours, rtol=1e-6)
+
+
+def test_reinforce_pp_baseline_no_std_norm_equals_openrlhf(openrlhf_batch, backend):
+    rewards, lengths = openrlhf_batch
+    ours = reinforce_pp_baseline(rewards, token_counts=lengths, std_norm=False,
+                                 backend=backend)
+    expected = openrlhf_reinforce_baseline(rewards, lengths, std_norm=False)
+    np.testing.assert_allclose(ours, expected, rtol=1e-10, atol=1e-13)
+
+
+def nanstd(x):
+    """TRL's nanstd: the unbiased std of the non-NaN entries."""
+    x = x[~np.isnan(x)]
+    return np.sqrt(np.sum((x - x.mean()) ** 2) / (x.size - 1))
+
+
+def trl_rloo_normalized(rewards, num_generations):
+    grouped = rewards.reshape(-1, num_generations)
+    baseline = (grouped.sum(1, keepdims=True) - grouped) / (num_generations - 1)
+    advantages = (grouped - baseline).reshape(-1)
+    return (advantages - advantages.mean()) / (nanstd(advantages) + 1e-4)
+
+
+def test_rloo_batch_scale_equals_trl_rloo_normalize_advantages(dense_batch, backend):
+    ours = rloo(dense_batch, scale="batch", eps=1e-4, backend=backend)
+    expected = trl_rloo_normalized(dense_batch.reshape(-1), 8).reshape(dense_batch.shape)
+    np.testing.assert_allclose(ours, expected, rtol=1e-12, atol=1e-12)
+
+
+def trl_normalize_then_sum(rewards_per_func, num_generations, weights):
+    """(N, K) rewards with NaN for None: per function and group, (r - nanmean) /
+    (nanstd + 1e-4); nansum with weights; rows NaN in every function are NaN; then
+    (R - nanmean(R)) / (nanstd(R) + 1e-4); NaN advantages become 0."""
+    n, k = rewards_per_func.shape
+    grouped = rewards_per_func.reshape(-1, num_generations, k)
+    normalized = np.empty_like(grouped)
+    for q in range(grouped.shape[0]):
+        for f in range(k):
+            column = grouped[q, :, f]
+            normalized[q, :, f] = (column - np.nanmean(column)) / (nanstd(column) + 1e-4)
+    total = np.nansum(normalized.reshape(n, k) * weights, axis=1)
+    total[np.isnan(rewards_per_func).all(1)] = np.nan
+    advantages = (total - np.nanmean(total)) / (nanstd(total) + 1e-4)
+    return np.nan_to_num(advantages, nan=0.0)
+
+
+def test_gdpo_equals_trl_normalize_then_sum(backend):
+    rng = np.random.default_rng(11)
+    rewards = np.stack([rng.uniform(size=48), rng.integers(0, 2, 48).astype(float),
+                        rng.normal(3.0, 2.0, 48)], axis=1)
+    weights = np.array([1.0, 0.5, 2.0])
+    expected = trl_normalize_then_sum(rewards, 8, weights)
+    ours = gdpo(rewards.reshape(6, 8, 3), weights=weights, eps=1e-4, backend=backend)
+    np.testing.assert_allclose(ours.reshape(-1), expected, rtol=1e-10, atol=1e-12)
+    # Unscorable entries (reward functions returning None).
+    rewards[3, 1] = np.nan
+    rewards[10, :] = np.nan
+    expected = trl_normalize_then_sum(rewards, 8, weights)
+    ours = gdpo(rewards, np.arange(0, 49, 8), weights=weights, eps=1e-4, nan_policy="omit",
+                backend=backend)
+    np.testing.assert_allclose(ours, expected, rtol=1e-10, atol=1e-12)
+    assert ours[10] == 0.0
+
+
+def verl_rloo_vectorized(scores, index):
+    _, g = np.unique(index, return_inverse=True)
+    c = np.bincount(g)[g].astype(float)
+    total = np.bincount(g, scores)[g]
+    return (c * scores - total) / np.maximum(c - 1, 1) * (c > 1)
+
+
+def test_rloo_singleton_zero_equals_verl_rloo_vectorized(verl_batch, backend):
+    scores, uids, _ = verl_batch
+    ours = rloo(scores, group_ids=uids, singleton="zero", backend=backend)
+    np.testing.assert_allclose(ours, verl_rloo_vectorized(scores, uids), rtol=1e-12,
+                               atol=1e-14)
+
+
+def verl_reinforce_plus_plus(scores, response_length, gamma=1.0):
+    """Outcome reward on the last token, discounted returns by a reverse scan that
+    resets after the response's end, then masked_whiten (unbiased variance, +1e-8 under
+    the root, and masked_mean's +1e-8 in the token count)."""
+    width = int(max(response_length))
+    mask = (np.arange(width)[None, :] < np.asarray(response_length)[:, None]).astype(float)
+    token_rewards = np.zeros_like(mask)
+    token_rewards[np.arange(len(scores)), np.asarray(response_length, int) - 1] = scores
+    returns = np.zeros_like(mask)
+    running = np.zeros(len(scores))
+    for t in reversed(range(width)):
+        running = token_rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * mask[:, t]
+    mean = (returns * mask).sum() / (mask.sum() + 1e-8)
+    var = (((returns - mean) ** 2) * mask).sum() / (mask.sum() + 1e-8)
+    var = var * mask.sum() / (mask.sum() - 1)
+    return ((returns - mean) / np.sqrt(var + 1e-8) * mask)[:, 0]
+
+
+def test_reinforce_pp_baseline_one_group_equals_verl_reinforce_plus_plus(verl_batch, backend):
+    scores, _, lengths = verl_batch
+    ours = reinforce_pp_baseline(scores, [0, scores.size], token_counts=lengths, eps=1e-8,
+                                 backend=backend)
+    # masked_mean's 1e-8 in the token count moves the result by ~1e-8 / W relatively.
+    np.testing.assert_allclose(ours, verl_reinforce_plus_plus(scores, lengths), rtol=1e-9,
+                               atol=1e-12)
+
+
+def test_verl_masked_mean_count_offset_is_below_float32_resolution(verl_batch):
+    scores, uids, lengths = verl_batch
+    with_offset = verl_reinforce_plus_plus(scores, lengths)
+    ours = reinforce_pp_baseline(scores, [0, scores.size], token_counts=lengths, eps=1e-8)
+    gap = np.max(np.abs(with_offset - ours) / np.maximum(np.abs(ours), 1e-3))
+    assert gap < 1e-8 / lengths.sum() * 10 + 1e-13
+    assert gap < np.finfo(np.float32).eps
+
+
+def test_reinforce_pp_baseline_constant_group_is_not_zero_after_whitening(backend):
+    # Whitening over the batch subtracts the token-weighted mean m of the centered rewards:
+    # with unequal token counts m != 0 and a constant group gets -m / sqrt(v + eps), as in
+    # verl.  (The other estimators give exact zeros there.)
+    rewards = np.array([[1.0, 0.0], [0.5, 0.5]])
+    counts = np.array([[10.0, 1.0], [1.0, 1.0]])
+    out = reinforce_pp_baseline(rewards, token_counts=counts, backend=backend)
+    u = np.array([0.5, -0.5, 0.0, 0.0])
+    w = counts.reshape(-1)
+    m = np.sum(w * u) / w.sum()
+    v = np.sum(w * (u - m) ** 2) / w.sum() * w.sum() / (w.sum() - 1)
+    np.testing.assert_allclose(out.reshape(-1), (u - m) / np.sqrt(v + 1e-8), rtol=1e-12)
+    assert abs(out[1, 0]) > 0.4
+
+
+def test_float32_input_is_computed_in_float64(backend):
+    # An ill-conditioned float32 group (1e6 + U): a float32 mean and std lose most digits,
+    # advcal's float64 statistics do not.  Truth: the same float32 values in float64.
+    rng = np.random.default_rng(3)
+    rewards = (1e6 + rng.uniform(size=(4, 8))).astype(np.float32)
+    wide = rewards.astype(np.float64)
+    truth = (wide - wide.mean(1, keepdims=True)) / (wide.std(1, ddof=1, keepdims=True) + 1e-4)
+    mean32 = rewards.mean(1, keepdims=True, dtype=np.float32)
+    std32 = np.sqrt(((rewards - mean32) ** 2).sum(1, keepdims=True, dtype=np.float32)
+                    / np.float32(7))
+    framework = (rewards - mean32) / (std32 + np.float32(1e-4))
+    ours = grpo(rewards, eps=1e-4, backend=backend)
+    assert ours.dtype == np.float32
+    assert np.abs(ours - truth).max() < 1e-6
+    assert np.abs(framework - truth).max() > 1e-3
