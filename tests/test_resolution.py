@@ -607,7 +607,8 @@ def test_a_bad_or_out_of_bounds_group_in_any_chunk_is_found(where, resolution):
 def test_kernels_are_cached_on_disk():
     from numba.core.caching import FunctionCache
 
-    assert isinstance(maxnorm_numba._groups_kernel._cache, FunctionCache)
+    for kernel in (maxnorm_numba._groups_kernel, maxnorm_numba._plain_kernel):
+        assert isinstance(kernel._cache, FunctionCache)
 
 
 # --------------------------------------------------------------------------- garbage
@@ -636,10 +637,13 @@ def test_garbage_input_gives_only_advcal_errors(rewards, offsets, tau, resolutio
 
 
 def _kernel_runs(x, offsets, out):
-    """The kernel of maxnorm_numba (weights and binned rewards, with and without binning)
+    """The kernels of maxnorm_numba (weights and binned rewards, with and without binning)
     and center_scale's, writing into ``out``."""
     scale = np.empty(offsets.size - 1)
     keep = np.empty(offsets.size - 1, dtype=np.bool_)
+    for dead_zone in (0.0, 0.05):
+        yield lambda d=dead_zone: maxnorm_numba._plain_kernel(
+            offsets, scale, keep, x, 0.01, True, d, False, -np.inf, np.inf, out)
     for weights in (True, False):
         for protocol in ((-np.inf, np.inf, False, 0.0, 0.0), (0.0, 1.0, False, 20.0, 20.0),
                          (0.0, 1.0, True, 20.0, 20.0)):

@@ -1,14 +1,15 @@
 """Numba engine for the Reward-Resolution Protocol and MaxNorm-AC; oracle: ``maxnorm_numpy``.
 
-``resolve`` and ``maxnorm`` run one compiled kernel, ``_groups``: a serial loop over
-groups that reads each group twice (statistics, then output) and writes only its own
-slice, so ``pool.run_over_groups`` may run it on chunks of groups from several threads
-with results independent of the thread count.  Arithmetic is float64 whatever the reward
-dtype.  See ``maxnorm_numpy`` for the shared arguments; both functions return the
+Two compiled kernels, serial loops over groups that read each group twice (statistics,
+then output) and write only their own slices, so ``pool.run_over_groups`` may run them on
+chunks of groups from several threads with results independent of the thread count:
+``_plain`` for the common call (``maxnorm`` without binning, clipping or omitted NaN) and
+``_groups`` for everything else, ``resolve`` included.  Both go through ``_group_scale``
+and ``_weight``; the dead-zone rule is ``_dead``.  Arithmetic is float64 whatever the
+reward dtype.  See ``maxnorm_numpy`` for the shared arguments; both functions return the
 wrapper's checks ``ok`` (no group with a non-finite valid reward or max |u|) and
 ``in_bounds`` (no valid reward outside ``[lo, hi]``).
 """
-
 from __future__ import annotations
 
 import math
@@ -79,6 +80,27 @@ def _weight(b, shift, mean, factor, s, dead_zone):
 
 
 @njit(inline="always")
+def _group_scale(n, shift, total, bmin, bmax, tau, loo, dead_zone, raw_singletons):
+    """(shift, mean, factor, s) of one group of n valid rewards, from the sum of its
+    binned rewards minus ``shift`` and its extreme binned rewards: its weights are
+    ``_weight(b, shift, mean, factor, s, dead_zone)``.  u is an increasing function of the
+    binned reward, so its extremes give max |u|.  A group without advantages (none or one
+    response, unless ``raw_singletons``) gets factor 0 (exact zeros) and s = tau; a lone
+    response keeps its reward (verl's convention: baseline 0).  The callers flag a group
+    whose rewards, sum or s are not finite."""
+    if n == 0:
+        return 0.0, 0.0, 0.0, tau
+    if n == 1 and raw_singletons:
+        shift, mean, factor = 0.0, 0.0, 1.0
+    else:
+        mean = total / n
+        factor = (n / (n - 1.0) if loo else 1.0) if n >= 2 else 0.0
+    m = max(abs(_dead(((bmin - shift) - mean) * factor, dead_zone)),
+            abs(_dead(((bmax - shift) - mean) * factor, dead_zone)))
+    return shift, mean, factor, max(m, tau)
+
+
+@njit(inline="always")
 def _scan(g, lo, hi, clip, inv_delta, kmax, omit_nan):
     """Statistics of the valid rewards of one group: count, shift (the first binned
     reward: a zero-gap group then centers to exact 0), sum of binned rewards minus the
@@ -98,35 +120,24 @@ def _scan(g, lo, hi, clip, inv_delta, kmax, omit_nan):
     if n == 0:
         return 0, 0.0, 0.0, math.inf, -math.inf, False, False
     first = np.float64(g[start])
-    binned = clip or inv_delta != 0.0  # (per-group work counts at 16 rewards a group)
-    shift = _bin(first, lo, hi, clip, inv_delta, kmax) if binned else first
+    shift = _bin(first, lo, hi, clip, inv_delta, kmax)
     total = 0.0
     low = math.inf
     high = -math.inf
-    if binned or omit_nan:
-        n_nan = 0
-        for i in range(g.size):
-            v = np.float64(g[i])
-            v = first if omit_nan and math.isnan(v) else v
-            n_nan += v != v
-            total += _bin(v, lo, hi, clip, inv_delta, kmax) - shift
-            low = _min_no_nan(low, v)
-            high = _max_no_nan(high, v)
-        bad = n_nan > 0
-    else:  # the common call: a NaN or inf reward makes the sum non-finite
-        for i in range(g.size):
-            v = np.float64(g[i])
-            total += v - shift
-            low = _min_no_nan(low, v)
-            high = _max_no_nan(high, v)
-        bad = not math.isfinite(total)
+    n_nan = 0
+    for i in range(g.size):
+        v = np.float64(g[i])
+        v = first if omit_nan and math.isnan(v) else v
+        n_nan += v != v
+        total += _bin(v, lo, hi, clip, inv_delta, kmax) - shift
+        low = _min_no_nan(low, v)
+        high = _max_no_nan(high, v)
+    bad = n_nan > 0
     # (no branch on low/high, which a NaN leaves unspecified; its group is flagged)
     bad = bad | (not math.isfinite(low)) | (not math.isfinite(high))
-    outside = (low < lo) | (high > hi)
-    if binned:  # binning is monotone: the extreme rewards give the extreme bins
-        low = _bin(low, lo, hi, clip, inv_delta, kmax)
-        high = _bin(high, lo, hi, clip, inv_delta, kmax)
-    return n, shift, total, low, high, bad, outside
+    # binning is monotone: the extreme rewards give the extreme bins
+    return (n, shift, total, _bin(low, lo, hi, clip, inv_delta, kmax),
+            _bin(high, lo, hi, clip, inv_delta, kmax), bad, (low < lo) | (high > hi))
 
 
 def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi, clip,
@@ -151,41 +162,59 @@ def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi
                 o[i] = _bin(np.float64(g[i]), lo, hi, clip, inv_delta, kmax)  # NaN stays NaN
             n_bad += bad
             continue
-        if per_group:
-            scale[q] = tau
-        if bad or n == 0 or (n == 1 and not raw_singletons):
-            for i in range(g.size):
-                o[i] = 0.0
-            n_bad += bad
-            continue
-        if n == 1:  # verl's convention for a lone response: baseline 0
-            shift = 0.0
-            mean = 0.0
-            factor = 1.0
-        else:
-            mean = total / n
-            factor = n / (n - 1.0) if loo else 1.0
-        # u is an increasing function of the binned reward: its extremes give max |u|.
-        m = max(abs(_dead(((bmin - shift) - mean) * factor, dead_zone)),
-                abs(_dead(((bmax - shift) - mean) * factor, dead_zone)))
-        n_bad += not math.isfinite(m)
-        s = max(m, tau)
+        shift, mean, factor, s = _group_scale(n, shift, total, bmin, bmax, tau, loo,
+                                              dead_zone, raw_singletons)
+        n_bad += bad | (not math.isfinite(total)) | (not math.isfinite(s))
         if per_group:
             scale[q] = s
-        if clip or inv_delta != 0.0 or dead_zone != 0.0:
-            for i in range(g.size):
-                b = _bin(np.float64(g[i]), lo, hi, clip, inv_delta, kmax)
-                o[i] = _weight(b, shift, mean, factor, s, dead_zone)
-        else:  # the common call, in a loop that LLVM vectorizes
-            for i in range(g.size):
-                o[i] = _weight(np.float64(g[i]), shift, mean, factor, s, 0.0)
-        if omit_nan:
-            for i in range(g.size):
-                o[i] = 0.0 if math.isnan(g[i]) else o[i]
+        for i in range(g.size):
+            v = np.float64(g[i])
+            w = _weight(_bin(v, lo, hi, clip, inv_delta, kmax), shift, mean, factor, s,
+                        dead_zone)
+            o[i] = 0.0 if omit_nan and math.isnan(v) else w
+    return n_bad, n_out
+
+
+def _plain(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi, out):
+    """``_groups`` for the common call: MaxNorm weights without binning, clipping or
+    omitted NaN, in loops short enough for LLVM to vectorize.  A NaN or inf reward makes
+    the group's sum (or an extreme) non-finite: that is the finiteness check."""
+    per_group = keep.size > 0
+    n_bad = 0
+    n_out = 0
+    for q in range(offsets.size - 1):
+        g = x[offsets[q]:offsets[q + 1]]
+        o = out[offsets[q]:offsets[q + 1]]
+        if g.size == 0:
+            if per_group:
+                keep[q] = False
+                scale[q] = tau
+            continue
+        shift = np.float64(g[0])
+        total = 0.0
+        low = math.inf
+        high = -math.inf
+        for i in range(g.size):
+            v = np.float64(g[i])
+            total += v - shift
+            low = _min_no_nan(low, v)
+            high = _max_no_nan(high, v)
+        # (& and |, not "and"/"or": no branch on low/high, which a NaN leaves unspecified)
+        n_out += (low < lo) | (high > hi)
+        shift, mean, factor, s = _group_scale(g.size, shift, total, low, high, tau, loo,
+                                              dead_zone, raw_singletons)
+        n_bad += (not math.isfinite(total)) | (not math.isfinite(low)) | (
+            not math.isfinite(high)) | (not math.isfinite(s))
+        if per_group:
+            keep[q] = (g.size >= 2) & (low != high)
+            scale[q] = s
+        for i in range(g.size):
+            o[i] = _weight(np.float64(g[i]), shift, mean, factor, s, dead_zone)
     return n_bad, n_out
 
 
 _groups_kernel = compile_serial(_groups, FASTMATH)
+_plain_kernel = compile_serial(_plain, FASTMATH)
 
 # Per-group outputs not requested: never written (size 0), so one pair serves every call.
 _NO_SCALE = np.empty(0)
@@ -195,9 +224,13 @@ _NO_KEEP = np.empty(0, dtype=np.bool_)
 def _run(x, offsets, scale, keep, tau, loo, dead_zone, raw_singletons, lo, hi, clip,
          inv_delta, kmax, omit_nan, weights, threaded):
     out = np.empty_like(x)
-    chunks = run_over_groups(_groups_kernel, offsets, (scale, keep), x, tau, loo, dead_zone,
-                             raw_singletons, lo, hi, clip, inv_delta, kmax, omit_nan, weights,
-                             out, threaded=threaded)
+    if weights and not (clip or inv_delta != 0.0 or omit_nan):
+        chunks = run_over_groups(_plain_kernel, offsets, (scale, keep), x, tau, loo,
+                                 dead_zone, raw_singletons, lo, hi, out, threaded=threaded)
+    else:
+        chunks = run_over_groups(_groups_kernel, offsets, (scale, keep), x, tau, loo,
+                                 dead_zone, raw_singletons, lo, hi, clip, inv_delta, kmax,
+                                 omit_nan, weights, out, threaded=threaded)
     n_bad = sum(c[0] for c in chunks)
     n_out = sum(c[1] for c in chunks)
     return out, n_bad == 0, n_out == 0
