@@ -231,8 +231,7 @@ def _run(x, offsets, scale, keep, tau, loo, dead_zone, raw_singletons, lo, hi, c
         chunks = run_over_groups(_groups_kernel, offsets, (scale, keep), x, tau, loo,
                                  dead_zone, raw_singletons, lo, hi, clip, inv_delta, kmax,
                                  omit_nan, weights, out, threaded=threaded)
-    n_bad = sum(c[0] for c in chunks)
-    n_out = sum(c[1] for c in chunks)
+    n_bad, n_out = chunks[0] if len(chunks) == 1 else np.sum(chunks, axis=0)
     return out, n_bad == 0, n_out == 0
 
 
