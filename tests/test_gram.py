@@ -295,6 +295,20 @@ def test_exact_float32_within_1e_5(kind: str) -> None:
     np.testing.assert_allclose(out.numpy(), tensor_gram, rtol=1e-6, atol=0)
 
 
+def test_bfloat16_model_accumulates_in_float32() -> None:
+    model = make_model("mlp", torch.bfloat16)
+    batch = make_batch(6)
+    with GradientCapture(model) as capture:
+        objectives = objectives_of(model, batch)
+    out = capture.gram(objectives, group_size=3, output="tensor")
+    assert out.dtype == torch.float32
+    reference = make_model("mlp", torch.float64)
+    reference.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    expected = layout_blocks(brute_force(reference, batch, list(reference.parameters())[1:]),
+                             {"group_size": 3})
+    assert relative_error(out.double().numpy(), expected) <= 0.05  # bfloat16 activations
+
+
 @pytest.mark.parametrize("kind", ["transformer", "llama"])
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo"])
 def test_padding_contributes_nothing(kind: str, loss_type: str) -> None:
