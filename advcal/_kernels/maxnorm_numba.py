@@ -140,6 +140,38 @@ def _scan(g, lo, hi, clip, inv_delta, kmax, omit_nan):
             _bin(high, lo, hi, clip, inv_delta, kmax), bad, (low < lo) | (high > hi))
 
 
+@njit(inline="always")
+def _resolve_group(g, o, lo, hi, clip, inv_delta, kmax, omit_nan):
+    """``_scan`` for ``resolve``, in one pass that also writes the binned rewards (omitted
+    NaN stay NaN): (count, smallest and largest binned reward, whether a reward is not
+    finite, whether one lies outside ``[lo, hi]``).  No sum is taken, and min/max are
+    exact in any order, so the loop may write."""
+    n = g.size
+    start = 0
+    if omit_nan:
+        n = 0
+        for i in range(g.size):
+            n += not math.isnan(g[i])
+        while start < g.size and math.isnan(g[start]):
+            start += 1
+    first = np.float64(g[start]) if start < g.size else 0.0
+    low = math.inf
+    high = -math.inf
+    n_nan = 0
+    for i in range(g.size):
+        v = np.float64(g[i])
+        o[i] = _bin(v, lo, hi, clip, inv_delta, kmax)
+        v = first if omit_nan and math.isnan(v) else v
+        n_nan += v != v
+        low = _min_no_nan(low, v)
+        high = _max_no_nan(high, v)
+    if n == 0:
+        return 0, 0.0, 0.0, False, False
+    bad = (n_nan > 0) | (not math.isfinite(low)) | (not math.isfinite(high))
+    return (n, _bin(low, lo, hi, clip, inv_delta, kmax), _bin(high, lo, hi, clip, inv_delta,
+                                                            kmax), bad, (low < lo) | (high > hi))
+
+
 def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi, clip,
             inv_delta, kmax, omit_nan, weights, out):
     """Binned rewards (``weights`` False: omitted NaN stay NaN) or MaxNorm weights
@@ -152,16 +184,18 @@ def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi
     for q in range(offsets.size - 1):
         g = x[offsets[q]:offsets[q + 1]]
         o = out[offsets[q]:offsets[q + 1]]
+        if not weights:
+            n, bmin, bmax, bad, outside = _resolve_group(g, o, lo, hi, clip, inv_delta, kmax,
+                                                         omit_nan)
+            keep[q] = n >= 2 and bmin != bmax
+            n_bad += bad
+            n_out += outside
+            continue
         n, shift, total, bmin, bmax, bad, outside = _scan(g, lo, hi, clip, inv_delta, kmax,
                                                           omit_nan)
         n_out += outside
         if per_group:
             keep[q] = n >= 2 and bmin != bmax
-        if not weights:
-            for i in range(g.size):
-                o[i] = _bin(np.float64(g[i]), lo, hi, clip, inv_delta, kmax)  # NaN stays NaN
-            n_bad += bad
-            continue
         shift, mean, factor, s = _group_scale(n, shift, total, bmin, bmax, tau, loo,
                                               dead_zone, raw_singletons)
         n_bad += bad | (not math.isfinite(total)) | (not math.isfinite(s))
