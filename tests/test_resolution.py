@@ -653,7 +653,7 @@ def _kernel_runs(x, offsets, out):
                                                False, 0.0, 1.0, True, 20.0, 20.0, True, True,
                                                out)
     yield lambda: point_numba._center_scale_kernel(offsets, x, GRPO, 1e-6, 1, False, False,
-                                                   1.0, np.inf, out)
+                                                   1.0, np.inf, 0.0, out)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
