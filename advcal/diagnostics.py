@@ -96,9 +96,10 @@ class MethodDiagnostics:
     zero_gap_fraction : float
         Fraction of the groups with two or more responses that the method skips.
     beta_eff_min, beta_eff_max : float
-        Range of beta_eff,q = beta * s_q over the informative groups.
+        Range of beta_eff,q = beta * s_q over the informative groups (beta_q * s_q for
+        an estimator with a per-group KL coefficient beta_q, e.g. grpo_kl_comp).
     reward_kl_ratio : float
-        Mean over informative groups of R/KL_q = mean_i |w_i| / beta.
+        Mean over informative groups of R/KL_q = mean_i |u_i| / beta_eff,q.
     max_abs_weight : float
         Largest |w| over the whole batch.
     direction_cosine : float or None
@@ -312,9 +313,11 @@ def scale_diagnostics(
       rewards equal; for estimators that divide by ``std + eps`` with ``eps=0`` also a
       gap so small that its standard deviation underflows to 0; for pass@k a tie for
       the best reward).
-    * **beta_eff range**: min and max of beta_eff,q = beta * s_q.
+    * **beta_eff range**: min and max of beta_eff,q = beta * s_q (``grpo_kl_comp``, GRPO
+      with beta_q = beta / s_q: beta for every group).
     * **R/KL**: the reward-to-KL ratio on the cardinal reward scale,
-      R/KL_q = mean_i |u_i| / beta_eff,q = mean_i |w_i| / beta, averaged over groups.
+      R/KL_q = mean_i |u_i| / beta_eff,q (= mean_i |w_i| / beta with one beta), averaged
+      over groups.
     * **max |w|** over the whole batch.
     * **direction cosine** (with ``reference``): :func:`direction_cosine` between the
       method's weight vectors of ``rewards`` and of ``reference``.
@@ -389,16 +392,19 @@ def scale_diagnostics(
     groups = _Groups(batch)
     out = {}
     for method in methods:
-        weights, scale, gap = _method_weights(method, groups, batch.values, settings,
-                                              method_options[method])
+        weights, scale, gap, kl_weight = _method_weights(method, groups, batch.values,
+                                                         settings, method_options[method])
         informative = groups.scorable & gap
         inverse = 1.0 / scale[informative]
-        beta_eff = beta * scale[informative]
+        # An estimator that adjusts the KL coefficient per group (beta_q = beta * kl_weight)
+        # has beta_eff,q = beta_q * s_q.
+        kl = np.ones(inverse.size) if kl_weight is None else kl_weight[informative]
+        beta_eff = beta * kl * scale[informative]
         if inverse.size:
             p50, p95, p99 = (float(p) for p in np.percentile(inverse, [50, 95, 99]))
             stats = (p50, p95, p99, float(inverse.max()), float(beta_eff.min()),
                      float(beta_eff.max()),
-                     float(np.mean(groups.mean_abs(weights)[informative] / beta)))
+                     float(np.mean(groups.mean_abs(weights)[informative] / (beta * kl))))
         else:
             stats = (np.nan,) * 7
         cosine = None

@@ -29,6 +29,12 @@ MaxNorm-AC docs page):
     passk                  r_max - r_2nd for the best, 0 otherwise   std_q + eps
     maxnorm                baseline-centred (rloo by default)        max(max_i |u_i|, tau_res)
     range                  on points (ranges [r, r]): r_i - mean     1
+    p90_scale              r_i - mean                                P90 of the batch's group
+                                                                     stds (> 0) + eps
+    grpo_kl_comp           r_i - mean                                std_q + eps, and KL
+                                                                     weight 1/s_q (beta_eff = beta)
+    mad_scale              r_i - mean                                1.4826 MAD_q + eps
+    huber_scale            r_i - mean                                Huber scale_q + eps
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from numpy.typing import ArrayLike
 
 from advcal._blocks import expand, segment_sum
 from advcal._validation import check_choice, check_keywords
+from advcal.baselines import group_scales, grpo_kl_comp, huber_scale, mad_scale, p90_scale
 from advcal.estimators import (
     _batch_std,
     _gpg_divisor,
@@ -114,11 +121,15 @@ class Scaled(NamedTuple):
     informative : ndarray of bool, shape (B,)
         Groups whose weights come from a gap in their own rewards (False: the estimator
         skips the group, e.g. all rewards equal).
+    kl_weight : ndarray of float64, shape (B,), or None
+        Per-group multiplier of the KL coefficient (beta_q = beta * kl_weight), for
+        estimators that adjust it (grpo_kl_comp); None: beta for every group.
     """
 
     weights: np.ndarray
     scale: np.ndarray
     informative: np.ndarray
+    kl_weight: np.ndarray | None = None
 
 
 #: ``scale(values, offsets, settings, options)``: values are flat finite rewards in
@@ -285,6 +296,27 @@ def _maxnorm_scale(values: np.ndarray, offsets: np.ndarray, settings: Diagnostic
     return Scaled(result.advantages, result.scale, result.keep)
 
 
+def _baseline_scale(function: Callable[..., Any], *, kl_compensated: bool = False
+                    ) -> ScaleRule:
+    """Scale rule of the MaxNorm paper's baselines (``advcal.baselines``); with
+    ``kl_compensated`` the KL weight is 1/s_q, so beta_eff,q = beta."""
+
+    def rule(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,
+             options: dict[str, Any]) -> Scaled:
+        options = {"eps": settings.eps, **options}
+        options.pop("return_kl_weight", None)
+        weights = function(values, offsets, backend=settings.backend, **options)
+        scale = group_scales(function, values, offsets, settings.backend, options)
+        sizes, gap = _sizes_and_gap(values, offsets)
+        informative = gap & (scale > 0.0)
+        if not kl_compensated:
+            return Scaled(weights, scale, informative)
+        with np.errstate(divide="ignore"):
+            return Scaled(weights, scale, informative, 1.0 / scale)
+
+    return rule
+
+
 def _range_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,
                  options: dict[str, Any]) -> Scaled:
     # Points are the degenerate ranges [r, r] (then the weights are Dr.GRPO's); with
@@ -328,6 +360,13 @@ REGISTRY: Mapping[str, Estimator] = _table(
     Estimator("maxnorm", maxnorm, True, ANALYTIC, _maxnorm_scale, needs=("tau_res",)),
     Estimator("range", _range_entry, True, FINITE_DIFFERENCE, _range_scale,
               needs=("lo", "hi"), per_response=("lo", "hi"), ranges=True),
+    # The MaxNorm-AC paper's comparison baselines (advcal.baselines).
+    Estimator("p90_scale", p90_scale, True, FINITE_DIFFERENCE, _baseline_scale(p90_scale)),
+    Estimator("grpo_kl_comp", grpo_kl_comp, True, FINITE_DIFFERENCE,
+              _baseline_scale(grpo_kl_comp, kl_compensated=True)),
+    Estimator("mad_scale", mad_scale, True, FINITE_DIFFERENCE, _baseline_scale(mad_scale)),
+    Estimator("huber_scale", huber_scale, True, FINITE_DIFFERENCE,
+              _baseline_scale(huber_scale)),
 )
 
 #: Estimator functions by name (a read-only view of :data:`REGISTRY`):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from scipy import stats
 
 import advcal
 from advcal import (
@@ -290,7 +291,7 @@ def test_direction_cosine_properties(a, data, c):
 
 @pytest.mark.parametrize(("kwargs", "error", "message"), [
     ({"methods": ("grpo", "ppo")}, ValueError,
-     r"`methods` must be one of 'grpo', 'dr_grpo', .*, 'range'; got 'ppo'\."),
+     r"`methods` must be one of 'grpo', 'dr_grpo', .*, 'huber_scale'; got 'ppo'\."),
     ({"methods": ()}, ValueError, r"`methods` must name at least one estimator\."),
     ({"methods": ("rloo", "rloo")}, ValueError, r"`methods` must not repeat a name"),
     ({"methods": 3}, TypeError, r"`methods` must be a sequence of estimator names; got int\."),
@@ -348,6 +349,12 @@ HAND_OFFSETS = np.array([0, 4, 6, 8])
 HAND_LENGTHS = np.array([1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 1.0, 3.0])
 HAND_OPTIONS = {"reinforce_pp_baseline": {"eps": 0.0}, "opo": {"lengths": HAND_LENGTHS}}
 U = np.array([0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 1.0, -1.0])  # group-centred rewards
+# E[clip(Z, -c, c)^2] for a standard normal Z (Huber's consistency constant), c = 1.345:
+# the integral of z^2 phi over [-c, c] (= 2 Phi(c) - 1 - 2 c phi(c), by parts) plus c^2 times
+# the two tails.
+_C = 1.345
+HUBER_KAPPA = float(2 * stats.norm.cdf(_C) - 1 - 2 * _C * stats.norm.pdf(_C)
+                    + 2 * _C ** 2 * stats.norm.sf(_C))
 # Per estimator: (its u, its scale s_q of groups A, B, C, its informative groups).  B is
 # constant, so nobody learns from it; s_B is whatever the estimator's rule gives.
 HAND_SCALES = {
@@ -370,7 +377,20 @@ HAND_SCALES = {
     "maxnorm": (np.array([1.0, -1 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 2.0, -2.0]),
                 [1.0, 0.01, 2.0], [True, False, True]),
     "range": (U, [1.0, 1.0, 1.0], [True, False, True]),
+    # The MaxNorm paper's baselines (eps = 0).  p90: 0.9-quantile of the stds 1/2 and
+    # sqrt 2 of A and C (B has none): 1/2 + 0.9 (sqrt 2 - 1/2).
+    "p90_scale": (U, [0.5 + 0.9 * (math.sqrt(2.0) - 0.5)] * 3, [True, False, True]),
+    "grpo_kl_comp": (U, [0.5, 0.0, math.sqrt(2.0)], [True, False, True]),
+    # MAD: A's median is 0 and 3 of 4 deviations are 0, so MAD 0 and A is skipped (no
+    # finite weight); C: median 2, MAD 1.
+    "mad_scale": (U, [0.0, 0.0, 1.482602218505602], [False, False, True]),
+    # Huber (c = 1.345): C's residuals +-1 are not clipped, s = 1/sqrt(kappa); A's 3/4 is,
+    # s^2 (kappa - c^2/4) = 3 (1/4)^2 / 4.
+    "huber_scale": (U, [math.sqrt(3 / 64 / (HUBER_KAPPA - 1.345 ** 2 / 4)), 0.0,
+                        1 / math.sqrt(HUBER_KAPPA)], [True, False, True]),
 }
+# KL weights of the estimators that set a per-group KL coefficient (beta_q = beta * w_q).
+HAND_KL = {"grpo_kl_comp": [2.0, np.inf, 1 / math.sqrt(2.0)]}
 
 
 def hand_weights(u, scale):
@@ -392,6 +412,10 @@ def test_every_estimator_has_its_hand_derived_scale(method, backend):
                                  dict(HAND_OPTIONS.get(method, {})))
     np.testing.assert_allclose(got.scale, scale, rtol=1e-12)
     np.testing.assert_array_equal(got.informative, informative)
+    if method in HAND_KL:
+        np.testing.assert_allclose(got.kl_weight, HAND_KL[method], rtol=1e-12)
+    else:
+        assert got.kl_weight is None
     # The weights are u / s_q, group by group.
     np.testing.assert_allclose(got.weights, hand_weights(u, scale), rtol=1e-12, atol=1e-15)
 
@@ -403,14 +427,16 @@ def test_scale_diagnostics_takes_every_registered_estimator():
     for method, (u, scale, informative) in HAND_SCALES.items():
         d = diag[method]
         kept = np.asarray(scale)[informative]
+        kl = np.asarray(HAND_KL.get(method, [1.0] * 3))[informative]
         np.testing.assert_allclose(d.inverse_scale, 1.0 / kept, rtol=1e-12)
+        beta_eff = 0.5 * kl * kept
         np.testing.assert_allclose([d.beta_eff_min, d.beta_eff_max],
-                                   [0.5 * kept.min(), 0.5 * kept.max()], rtol=1e-12)
-        assert d.zero_gap_fraction == pytest.approx(1 / 3)
-        # R/KL = mean over informative groups of mean_i |w_i| / beta.
+                                   [beta_eff.min(), beta_eff.max()], rtol=1e-12)
+        assert d.zero_gap_fraction == pytest.approx(1 - np.mean(informative))
+        # R/KL = mean over informative groups of mean_i |w_i| / beta_q.
         w = np.abs(hand_weights(u, scale))
-        per_group = np.array([w[:4].mean(), w[6:].mean()])
-        assert d.reward_kl_ratio == pytest.approx(per_group.mean() / 0.5, rel=1e-12)
+        per_group = np.array([w[:4].mean(), w[4:6].mean(), w[6:].mean()])[informative]
+        assert d.reward_kl_ratio == pytest.approx(np.mean(per_group / (0.5 * kl)), rel=1e-12)
     assert "reinforce_pp_baseline" in diag.table()
 
 

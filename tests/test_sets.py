@@ -435,7 +435,8 @@ def test_sets_need_centered_estimators() -> None:
                                match="`estimator` must center coefficients within groups"):
                 calibrate_sets(a, a, alpha=0.5, estimator=name)
     # The centred point estimators (test_registry checks each flag against the sums).
-    assert CENTERED == ("grpo", "dr_grpo", "rloo", "batch_std", "gpg", "maxnorm")
+    assert CENTERED == ("grpo", "dr_grpo", "rloo", "batch_std", "gpg", "maxnorm", "p90_scale",
+                        "grpo_kl_comp", "mad_scale", "huber_scale")
 
 
 def test_raw_singleton_set_is_its_center() -> None:
