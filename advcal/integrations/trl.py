@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 import advcal
-from advcal._validation import check_choice
+from advcal._validation import check_choice, check_keywords
+from advcal.registry import REGISTRY
 
 if TYPE_CHECKING:
     import torch
@@ -92,6 +93,9 @@ def _settings_iv(advantage: Any, options: Any, calibration: Any, tau: Any, layer
                              "ThresholdSelection (advcal.select_threshold) or its path.")
     elif tau is not None:
         raise ValueError(f"`tau` is for advantage='setgrpo'; got advantage={mode!r}.")
+    if mode in ("dr_grpo", "rloo", "maxnorm"):
+        # Checked once here, so that each batch calls the estimator directly.
+        check_keywords(REGISTRY[mode].function, mode, options)
     if mode == "maxnorm" and "tau_res" not in options:
         raise ValueError("advantage='maxnorm' needs advantage_options={'tau_res': ...}: the "
                          "reward resolution below which gaps are not trusted.")
@@ -125,17 +129,123 @@ def trl_rewards(rewards_per_func: np.ndarray, weights: np.ndarray, aggregation: 
         per_func = ((grouped - mean) / (std + TRL_EPS)).reshape(per_func.shape)
     elif aggregation != "sum_then_normalize":
         raise ValueError(f"unknown multi_objective_aggregation {aggregation!r}")
-    combined = np.nansum(per_func * weights, axis=1)
+    if per_func.shape[1] == 1:  # one reward function: the sum is its weighted reward
+        combined = per_func[:, 0] * weights[0]
+        combined[np.isnan(combined)] = 0.0
+    else:
+        combined = np.nansum(per_func * weights, axis=1)
     combined[unscorable] = np.nan
     return combined.reshape(-1, group_size)
 
 
-def _valid_groups(rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The scorable rewards as a ragged batch: values, offsets, and their flat positions."""
+def _valid_groups(rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The scorable rewards as a ragged batch: values, offsets, and their flat positions
+    (None when every reward is scorable: the batch is dense, positions are the identity)."""
+    if not np.isnan(rewards).any():
+        n, g = rewards.shape
+        return rewards.ravel(), np.arange(0, n * g + 1, g, dtype=np.int64), None
     valid = ~np.isnan(rewards)
     sizes = valid.sum(axis=1)
     offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
     return rewards[valid], offsets, np.flatnonzero(valid.ravel())
+
+
+def _group_scales_loop(values: np.ndarray, offsets: np.ndarray, use_std: bool, eps: float
+                       ) -> tuple[np.ndarray, int, int]:
+    """Inverse scales of the informative groups, number of groups with two or more
+    responses, and how many of those are zero-gap (all rewards equal).  Scale: the group
+    std (ddof 1, deviations from the first member, as advcal.registry's) + ``eps``, or 1."""
+    n_groups = offsets.size - 1
+    inverse = np.empty(n_groups)
+    k = 0
+    scorable = 0
+    zero_gap = 0
+    for q in range(n_groups):
+        start, stop = offsets[q], offsets[q + 1]
+        n = stop - start
+        if n < 2:
+            continue
+        scorable += 1
+        shift = values[start]
+        low = high = shift
+        total = 0.0
+        for i in range(start, stop):
+            x = values[i]
+            low = min(low, x)
+            high = max(high, x)
+            total += x - shift
+        if low == high:
+            zero_gap += 1
+            continue
+        scale = 1.0
+        if use_std:
+            mean = total / n
+            squares = 0.0
+            for i in range(start, stop):
+                d = values[i] - shift - mean
+                squares += d * d
+            scale = math.sqrt(squares / (n - 1)) + eps
+            if not scale > 0.0:
+                zero_gap += 1
+                continue
+        inverse[k] = 1.0 / scale
+        k += 1
+    return inverse[:k], scorable, zero_gap
+
+
+_group_scales: Any = None
+
+
+def _quantiles(values: np.ndarray, q: tuple[float, ...]) -> list[float]:
+    """``numpy.percentile`` (linear) of a 1-D array, without its per-call overhead."""
+    x = np.sort(values)
+    out = []
+    for p in q:
+        h = (x.size - 1) * (p / 100.0)
+        lo = math.floor(h)
+        hi = min(lo + 1, x.size - 1)
+        a, b, t = float(x[lo]), float(x[hi]), h - lo
+        # numpy's _lerp: from the nearer end, so that t = 1 gives b exactly
+        out.append(b - (b - a) * (1.0 - t) if t >= 0.5 else a + (b - a) * t)
+    return out
+
+
+def _scale_metrics(values: np.ndarray, offsets: np.ndarray, method: str,
+                   scale: np.ndarray | None = None, keep: np.ndarray | None = None
+                   ) -> dict[str, float]:
+    """The inverse-scale quantiles and zero-gap fraction of :func:`advcal.scale_diagnostics`
+    for one method, without its other statistics (the trainer logs only these).
+
+    ``method`` is "grpo" (scale: group std, ddof 1, + TRL's eps), "unit" (scale 1: Dr.GRPO,
+    RLOO, Range-GRPO on points) or "maxnorm" (``scale`` and ``keep`` from
+    ``advcal.maxnorm(..., return_scale=True)``).
+    """
+    global _group_scales
+    if method == "maxnorm":
+        assert scale is not None and keep is not None
+        scorable = np.diff(offsets) >= 2
+        inverse = 1.0 / scale[scorable & keep]
+        n_scorable = int(scorable.sum())
+        n_zero_gap = n_scorable - inverse.size
+    else:
+        if _group_scales is None:  # compiled on first use (numba's import is slow)
+            from numba import njit
+
+            _group_scales = njit(cache=True)(_group_scales_loop)
+        inverse, n_scorable, n_zero_gap = _group_scales(
+            values, offsets, method == "grpo", TRL_EPS)
+    if inverse.size:
+        p50, p95, p99 = _quantiles(inverse, (50.0, 95.0, 99.0))
+        top = float(inverse.max())
+    else:
+        p50 = p95 = p99 = top = math.nan
+    return {
+        "inverse_scale_p50": p50,
+        "inverse_scale_p95": p95,
+        "inverse_scale_p99": p99,
+        "inverse_scale_max": top,
+        "zero_gap_fraction": n_zero_gap / n_scorable if n_scorable else math.nan,
+    }
 
 
 class AdvcalGRPOMixin:
@@ -223,26 +333,28 @@ class AdvcalGRPOMixin:
         self.trl_advantages = local.detach().clone()
         start = self.accelerator.process_index * local.shape[0]  # type: ignore[attr-defined]
         part = slice(start, start + local.shape[0])
-        metrics = self._advcal_scale_metrics(rewards)
         if self._advcal.mode == "setgrpo":
             # The coefficients need the Gram matrices of the loss's own forward pass.
+            values, offsets, _ = _valid_groups(rewards)
+            metrics = _scale_metrics(values, offsets, "grpo")
             output["advcal_rewards"] = torch.as_tensor(rewards.ravel()[part], device=local.device)
             output["advcal_group"] = torch.arange(part.start, part.stop,
                                                   device=local.device) // group_size
         else:
-            advantages, extra = self._advcal_advantages(rewards)
-            metrics.update(extra)
+            advantages, metrics = self._advcal_advantages(rewards)
             output["advantages"] = torch.as_tensor(advantages.ravel()[part], dtype=local.dtype,
                                                    device=local.device)
         self._advcal_log(mode, metrics)
         return output
 
     def _advcal_advantages(self, rewards: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
-        """advcal's advantages of a ``(B, G)`` batch of combined rewards (NaN: unscorable)."""
+        """advcal's advantages of a ``(B, G)`` batch of combined rewards (NaN: unscorable),
+        and the batch's metrics (scale quantiles, zero-gap fraction, mode-specific ones)."""
         settings = self._advcal
         options = dict(settings.options)
         values, offsets, where = _valid_groups(rewards)
         extra: dict[str, float] = {}
+        scale = keep = None
         if settings.mode == "grpo":
             options.setdefault("eps", TRL_EPS)
             if self.multi_objective_aggregation == "normalize_then_sum":  # type: ignore[attr-defined]
@@ -263,26 +375,20 @@ class AdvcalGRPOMixin:
             flat = advcal.range_advantages(ranges.lo, ranges.hi, offsets, **options)
             width = ranges.hi - ranges.lo
             extra["range_width_mean"] = float(np.mean(width)) if values.size else 0.0
+        elif settings.mode == "maxnorm":
+            # One call gives the weights and the per-group scale the metrics need.
+            result = advcal.maxnorm(values, offsets, return_scale=True, **options)
+            flat, scale, keep = result.advantages, result.scale, result.keep
         else:
-            flat = advcal.advantages(values, offsets, method=settings.mode, **options)
+            flat = REGISTRY[settings.mode].function(values, offsets, **options)
+        method = {"grpo": "grpo", "maxnorm": "maxnorm"}.get(settings.mode, "unit")
+        metrics = _scale_metrics(values, offsets, method, scale, keep)
+        metrics.update(extra)
+        if where is None:
+            return flat.reshape(rewards.shape), metrics
         advantages = np.zeros(rewards.size)
         advantages[where] = flat
-        return advantages.reshape(rewards.shape), extra
-
-    def _advcal_scale_metrics(self, rewards: np.ndarray) -> dict[str, float]:
-        values, offsets, _ = _valid_groups(rewards)
-        method = {"setgrpo": "grpo", "range": "dr_grpo"}.get(self._advcal.mode, self._advcal.mode)
-        options = {"maxnorm": self._advcal.options} if method == "maxnorm" else None
-        tau_res = self._advcal.options.get("tau_res", 0.01)
-        diagnostics = advcal.scale_diagnostics(values, offsets, methods=(method,), eps=TRL_EPS,
-                                               tau_res=tau_res, options=options)[method]
-        return {
-            "inverse_scale_p50": diagnostics.inverse_scale_p50,
-            "inverse_scale_p95": diagnostics.inverse_scale_p95,
-            "inverse_scale_p99": diagnostics.inverse_scale_p99,
-            "inverse_scale_max": diagnostics.inverse_scale_max,
-            "zero_gap_fraction": diagnostics.zero_gap_fraction,
-        }
+        return advantages.reshape(rewards.shape), metrics
 
     def _advcal_log(self, mode: str, metrics: Mapping[str, float]) -> None:
         for name, value in metrics.items():
