@@ -31,7 +31,7 @@ from advcal.recovery import Recovery
 from advcal.registry import ESTIMATORS, REGISTRY
 from advcal.risk import ThresholdSelection, select_threshold, setgrpo
 from advcal.sets import SetCalibration, calibrate_sets, coefficient_sets
-from advcal.simulate import PairedScorings, gram_matrices, paired_scorings
+from advcal.simulate import PairedScorings, grade, gram_matrices, paired_scorings
 
 # MaxNorm's scale floor in the demo.
 _DEMO_TAU_RES = 0.01
@@ -67,12 +67,15 @@ _JUDGE_SAMPLES = 5
 # Tolerances are this many standard errors: the tables hold a few dozen checks.
 _Z = 4.0
 
-# SetGRPO run: groups of 8, a heteroscedastic grader (mean noise sd 0.07), JRSC level alpha,
-# SRGO target risk beta at confidence 1 - delta over the threshold grid (as notebook 3).
+# SetGRPO run: groups of 8, a Gaussian grader (noise sd 0.05), JRSC level alpha, SRGO
+# target risk beta at confidence 1 - delta over the threshold grid.  The reference scoring
+# is a noisier independent grading, so reversals are common and their risk falls as tau
+# tightens: at this beta the gate binds (tau_sel inside the grid, as notebook 5).
 _SET_GROUP = 8
-_SET_NOISE = 0.07
+_SET_NOISE = 0.05
+_SET_REF_NOISE = 0.3
 _SET_ALPHA = 0.2
-_SET_BETA = 0.08
+_SET_BETA = 0.22
 _SET_DELTA = 0.1
 _SET_THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(10, -1, -1))
 
@@ -352,12 +355,11 @@ def demo_setgrpo(seed: int = 0, *, sizes: _DemoSizes = _DEMO_SIZES, bar: _Bar | 
                  ) -> DemoSetGRPO:
     """JRSC sets, SRGO threshold selection and one SetGRPO step on simulated groups."""
     bar = bar or _no_bar()
-    streams = iter(np.random.SeedSequence([seed, _STREAM_SETGRPO]).spawn(8))
+    streams = iter(np.random.SeedSequence([seed, _STREAM_SETGRPO]).spawn(9))
 
     def groups(n: int) -> tuple[PairedScorings, np.ndarray]:
-        data = paired_scorings(n, _SET_GROUP, noise="heteroscedastic", scale=_SET_NOISE,
-                               seed=next(streams))
-        return data, gram_matrices(n, _SET_GROUP, seed=next(streams)).gram
+        data = paired_scorings(n, _SET_GROUP, scale=_SET_NOISE, seed=next(streams))
+        return data, gram_matrices(n, _SET_GROUP, rank=_SET_GROUP, seed=next(streams)).gram
 
     bar.describe("JRSC radius")
     cal_data, _ = groups(sizes.set_calibration)
@@ -370,8 +372,9 @@ def demo_setgrpo(seed: int = 0, *, sizes: _DemoSizes = _DEMO_SIZES, bar: _Bar | 
     bar.advance()
     bar.describe("SRGO tau (compiles once)")
     risk_data, risk_gram = groups(sizes.risk_calibration)
+    reference = grpo(grade(risk_data.true, scale=_SET_REF_NOISE, seed=next(streams)).scores)
     selection = select_threshold(coefficient_sets(risk_data.a, calibration=calibration),
-                                 risk_gram, grpo(risk_data.b), thresholds=_SET_THRESHOLDS,
+                                 risk_gram, reference, thresholds=_SET_THRESHOLDS,
                                  beta=_SET_BETA, delta=_SET_DELTA)
     bar.advance()
     bar.describe("SetGRPO step")
@@ -395,8 +398,8 @@ def _selection_table(sel: ThresholdSelection) -> str:
 def _print_setgrpo(run: DemoSetGRPO) -> None:
     cal, sel, step, sizes = run.calibration, run.selection, run.step, run.sizes
     lo, hi = DemoCoverage.band(cal.m, cal.alpha)
-    print(f"SetGRPO on simulated paired scorings: groups of {_SET_GROUP}, a heteroscedastic "
-          f"grader (mean noise sd {_SET_NOISE:g}),")
+    print(f"SetGRPO on simulated paired scorings: groups of {_SET_GROUP}, a Gaussian grader "
+          f"(noise sd {_SET_NOISE:g}),")
     print("and random Gram matrices of the responses' policy gradients.")
     print(f"JRSC sets at alpha = {cal.alpha:g}, calibrated on {cal.m} groups: radius "
           f"rho = {cal.rho:.4f};")
@@ -405,7 +408,9 @@ def _print_setgrpo(run: DemoSetGRPO) -> None:
     print(f"(band [{lo:.4f}, {hi:.4f}], tol {run.tolerance():.4f}).")
     print(f"SRGO threshold selection on {sizes.risk_calibration} groups with a reference "
           f"scoring (beta = {_SET_BETA:g}, delta = {_SET_DELTA:g},")
-    print("Clopper-Pearson UCB, Bonferroni over the grid; risk = reversals / accepted):")
+    print(f"an independent grading with noise sd {_SET_REF_NOISE:g}; Clopper-Pearson UCB, "
+          "Bonferroni over the grid;")
+    print("risk = reversals / accepted):")
     print(_selection_table(sel))
     if sel.tau_sel is None:
         print("selected tau: none (no threshold is certified; SetGRPO rejects every group).")
@@ -415,6 +420,9 @@ def _print_setgrpo(run: DemoSetGRPO) -> None:
               "thresholds):")
         print(f"UCB {sel.ucb[j]:.4f} <= beta = {_SET_BETA:g}, empirical risk {sel.risk[j]:.4f} "
               f"({sel.k_rev[j]} reversals of {sel.n_acc[j]} accepted).")
+        if not sel.feasible[-1]:
+            print(f"The gate binds: the looser thresholds down to {sel.tau[-1]:.2f} are not "
+                  "certified (their risk is too high).")
     accepted = step.accepted
     eta = f"{float(np.mean(step.eta[accepted])):.4f}" if accepted.any() else "n/a"
     tau = "none" if sel.tau_sel is None else f"{sel.tau_sel:.2f}"
