@@ -36,7 +36,6 @@ from advcal._validation import (
     check_int,
     check_real,
     raise_bad_values,
-    valid_counts,
 )
 
 __all__ = [
@@ -88,7 +87,13 @@ def _limit(call: _Call) -> float:
     return _DTYPE_MAX[call.batch.values.dtype]
 
 
-Rerun = Callable[[np.ndarray, float], tuple[np.ndarray, bool]]
+Rerun = Callable[[np.ndarray, int, np.ndarray, slice], tuple[np.ndarray, bool]]
+
+
+def _pow2(x: float, k: int) -> float:
+    """``x * 2**-k`` without overflowing on the way (inf where the product does)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.ldexp(np.float64(x), -k))
 
 
 def _finish(call: _Call, result: tuple[np.ndarray, bool], rerun: Rerun | None = None,
@@ -106,49 +111,64 @@ def _finish(call: _Call, result: tuple[np.ndarray, bool], rerun: Rerun | None = 
 
 def _rescaled(call: _Call, rerun: Rerun, homogeneous: bool, lone_eps: float
               ) -> tuple[np.ndarray, bool]:
-    """Run an engine again on the rewards times a power of two that brings the largest
-    near 1 (exact, up to subnormals far below the group's scale), so sums of squares of
-    rewards near the float64 limit do not overflow; both engines take this same path.
+    """Run the engine again group by group, each on its rewards times the power of two
+    that brings its largest near 1 (exact, up to subnormals far below the group's scale),
+    so sums of squares of rewards near the float64 limit do not overflow and those of
+    subnormal rewards do not underflow; both engines take this same path.  Only on the
+    error path: a Python loop over the groups.
 
-    ``rerun(values, scale)`` runs the engine (an eps it adds to a std scaled by
-    ``scale``).  Homogeneous estimators (advantages linear in the rewards) are scaled
-    back; the std-normalized ones are scale-free except a raw lone response, which gets
-    ``r / (1 + lone_eps)`` again."""
+    ``rerun(values, k, offsets, part)`` runs the engine on one group's rewards times 2**-k
+    (an eps or floor it adds to a std scaled alike, by :func:`_pow2`; per-response weights
+    sliced by ``part``).  Homogeneous estimators (advantages linear in the rewards) are
+    scaled back; the std-normalized ones are scale-free except a raw lone response, which
+    gets ``r / (1 + lone_eps)`` again."""
     values = call.batch.values
-    finite = values[~np.isnan(values)] if call.omit else values
-    if finite.size == 0 or not np.isfinite(finite).all():
-        return values, False
-    big = float(np.max(np.abs(finite)))
-    if not big > 1.0:  # nothing overflowed on the way: the advantages themselves do
-        return values, False
-    scale = math.ldexp(1.0, -math.frexp(big)[1])
-    out, ok = rerun(values * values.dtype.type(scale), scale)
-    if not ok:
-        return out, False
-    with np.errstate(over="ignore", invalid="ignore"):
-        full = out.astype(np.float64)
-        if homogeneous:
-            full /= scale
-        elif call.raw:
-            counts = valid_counts(call.batch, call.omit)
-            lone = np.repeat(counts == 1, call.batch.sizes)
-            if call.omit:
-                lone &= ~np.isnan(values)
-            full[lone] = values[lone] / (1.0 + lone_eps)
-    if not (np.abs(full) <= _limit(call)).all():
-        return out, False
-    return full.astype(out.dtype), True
+    offsets = call.batch.offsets
+    limit = _limit(call)
+    one = np.array([0, 0], dtype=np.int64)
+    full = np.zeros(values.size)
+    for q in range(offsets.size - 1):
+        part = slice(int(offsets[q]), int(offsets[q + 1]))
+        group = values[part]
+        one[1] = group.size
+        valid = group[~np.isnan(group)] if call.omit else group
+        if not np.isfinite(valid).all():
+            return values, False
+        out, ok = rerun(group, 0, one, part)
+        if ok:
+            full[part] = out
+            continue
+        big = float(np.max(np.abs(valid), initial=0.0))
+        k = math.frexp(big)[1]
+        if k in (0, 1):  # already near 1: the advantages themselves overflow
+            return values, False
+        with np.errstate(over="ignore", under="ignore"):
+            out, ok = rerun(np.ldexp(group, -k).astype(group.dtype, copy=False), k, one, part)
+        if not ok:
+            return values, False
+        with np.errstate(over="ignore", invalid="ignore"):
+            wide = out.astype(np.float64)
+            if homogeneous:
+                wide = np.ldexp(wide, k)
+            elif call.raw and valid.size == 1:
+                wide = np.where(np.isnan(group), 0.0, group / (1.0 + lone_eps))
+        if not (np.abs(wide) <= limit).all():
+            return values, False
+        full[part] = wide
+    return full.astype(values.dtype), True
 
 
 def _center_scale(call: _Call, mode: int, *, eps: float = 0.0, ddof: int = 1,
                   divisor: float = 1.0, std_floor: float = 0.0) -> np.ndarray:
-    def run(values: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, bool]:
-        grpo_scaled = scale if mode == GRPO else 1.0  # eps and floor in reward units
+    def run(values: np.ndarray, k: int, offsets: np.ndarray, _: slice
+            ) -> tuple[np.ndarray, bool]:
+        k = k if mode == GRPO else 0  # GRPO's eps and floor are in reward units
         return call.engine.center_scale(
-            values, call.batch.offsets, mode, eps * grpo_scaled, ddof, call.raw, call.omit,
-            divisor, _limit(call), std_floor=std_floor * grpo_scaled)
+            values, offsets, mode, _pow2(eps, k), ddof, call.raw, call.omit, divisor,
+            _limit(call), std_floor=_pow2(std_floor, k))
 
-    return _finish(call, run(call.batch.values), run, homogeneous=mode != GRPO,
+    first = run(call.batch.values, 0, call.batch.offsets, slice(None))
+    return _finish(call, first, run, homogeneous=mode != GRPO,
                    lone_eps=eps)
 
 
@@ -513,11 +533,12 @@ def opo(
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
     weights = call.batch.gather_weights(lengths, "lengths", positive=True)
 
-    def run(values: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, bool]:
-        return call.engine.opo(
-            values, weights, call.batch.offsets, call.raw, call.omit, _limit(call))
+    def run(values: np.ndarray, k: int, offsets: np.ndarray, part: slice
+            ) -> tuple[np.ndarray, bool]:
+        return call.engine.opo(values, weights[part], offsets, call.raw, call.omit,
+                               _limit(call))
 
-    return _finish(call, run(call.batch.values), run)
+    return _finish(call, run(call.batch.values, 0, call.batch.offsets, slice(None)), run)
 
 
 def gpg(
@@ -616,11 +637,13 @@ def passk(
         raise TypeError(f"`std_norm` must be a bool; got {type(std_norm).__name__}.")
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
 
-    def run(values: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, bool]:
-        return call.engine.passk(values, call.batch.offsets, eps * scale, ddof, call.raw,
-                                 call.omit, _limit(call), normalize=bool(std_norm))
+    def run(values: np.ndarray, k: int, offsets: np.ndarray, _: slice
+            ) -> tuple[np.ndarray, bool]:
+        return call.engine.passk(values, offsets, _pow2(eps, k), ddof, call.raw, call.omit,
+                                 _limit(call), normalize=bool(std_norm))
 
-    return _finish(call, run(call.batch.values), run, homogeneous=not std_norm,
+    first = run(call.batch.values, 0, call.batch.offsets, slice(None))
+    return _finish(call, first, run, homogeneous=not std_norm,
                    lone_eps=eps)
 
 

@@ -441,8 +441,14 @@ class _Geometry:
             blocks = gather_blocks(blocks_all, boffsets, idx, n)
             vq = gather_rows(v, self.offsets, idx, n)
             if inverse:
-                # S + 11ᵀ/n is invertible and equals S⁺ on the centered subspace.
-                solved = np.linalg.solve(blocks + 1.0 / n, vq[:, :, None])[:, :, 0]
+                # S + 11ᵀ/n is invertible and equals S⁺ on the centered subspace, unless
+                # S underflowed (scores so small that their squared noise is below float64).
+                try:
+                    solved = np.linalg.solve(blocks + 1.0 / n, vq[:, :, None])[:, :, 0]
+                except np.linalg.LinAlgError:
+                    raise ValueError(
+                        "the set shapes are singular: the scores' noise is too small for "
+                        "float64 (its square underflows); rescale the scores.") from None
                 out[idx] = np.einsum("bi,bi->b", vq, solved)
             else:
                 out[idx] = np.einsum("bi,bij,bj->b", vq, blocks, vq)

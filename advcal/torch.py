@@ -205,8 +205,12 @@ def _point_estimator(name: str) -> Any:
     import inspect
 
     import advcal.estimators as numpy_estimators
+    from advcal.registry import REGISTRY
 
-    numpy_function = getattr(numpy_estimators, name)
+    entry = REGISTRY.get(name)
+    numpy_function = entry.function if entry else getattr(numpy_estimators, name)
+    # How the example refers to the numpy function (registered ones by name).
+    reference = f'advcal.ESTIMATORS["{name}"]' if entry else f"advcal.{name}"
 
     def estimator(rewards: Any, offsets: Any = None, *, group_ids: Any = None,
                   **options: Any) -> Any:
@@ -243,7 +247,7 @@ def _point_estimator(name: str) -> Any:
     >>> import advcal.torch as act
     >>> r = torch.tensor({rewards}, dtype=torch.float64)
     >>> out = act.{name}(r{extra})
-    >>> ref = advcal.{name}(r.numpy(){extra})
+    >>> ref = {reference}(r.numpy(){extra})
     >>> out.dtype, bool((out.numpy() == ref).all())
     (torch.float64, True)
     """)
@@ -266,6 +270,18 @@ opo = _point_estimator("opo")
 gpg = _point_estimator("gpg")
 passk = _point_estimator("passk")
 gdpo = _point_estimator("gdpo")
+
+
+def _expose_registry() -> None:
+    """Every other registered estimator of point rewards under its own name, so that
+    ``advcal.torch.<name>`` exists for each key of :data:`advcal.ESTIMATORS`
+    (``range`` is :func:`range_advantages`)."""
+    from advcal.registry import REGISTRY
+
+    for name, entry in REGISTRY.items():
+        if not entry.ranges and name not in globals():
+            globals()[name] = _point_estimator(name)
+            __all__.append(name)
 
 
 def maxnorm(
@@ -427,3 +443,6 @@ def setgrpo(
         **_host_kwargs(kwargs),
     )
     return from_numpy(result, rewards)
+
+
+_expose_registry()  # last: the hand-written wrappers (maxnorm, ...) take precedence

@@ -242,3 +242,35 @@ def test_demo_read_only_out_directory(tmp_path, monkeypatch, capsys):
     finally:
         out.chmod(0o700)
     assert "cannot write the figures to" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_subnormal_groups_keep_their_advantages(backend):
+    # The squares of a spread of 1e-310 underflow to 0: the group is not constant, and
+    # its advantages are representable: dr_grpo +-5e-311; grpo with eps=0 +-1/sqrt(2).
+    np.testing.assert_array_equal(advcal.dr_grpo([[0.0, 1e-310]], backend=backend),
+                                  [[-5e-311, 5e-311]])
+    np.testing.assert_allclose(advcal.grpo([[0.0, 1e-310]], eps=0.0, backend=backend),
+                               [[-(2**-0.5), 2**-0.5]], rtol=1e-12)
+    np.testing.assert_allclose(advcal.passk([[0.0, 1e-310]], eps=0.0, backend=backend),
+                               [[0.0, 2**0.5]], rtol=1e-12)
+    # A constant group stays exactly 0.
+    np.testing.assert_array_equal(advcal.grpo([[1e-310, 1e-310]], eps=0.0, backend=backend),
+                                  [[0.0, 0.0]])
+
+
+def test_calibrate_sets_tiny_scores_clear_error():
+    rng = np.random.default_rng(0)
+    a = rng.uniform(size=(24, 4)) * 1e-300
+    b = a + 0.01 * rng.standard_normal(a.shape) * 1e-300
+    with pytest.raises(ValueError, match="rescale the scores"):
+        advcal.calibrate_sets(a, b, alpha=0.2, estimator="batch_std")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_groups_of_very_different_magnitudes_are_rescaled_one_by_one(backend):
+    out = advcal.dr_grpo([[1.0, 0.0], [0.0, 1e-310]], backend=backend)
+    np.testing.assert_array_equal(out, [[0.5, -0.5], [-5e-311, 5e-311]])
+    out = advcal.grpo([[1e308, -1e308], [0.0, 1e-310]], eps=0.0, backend=backend)
+    np.testing.assert_allclose(out, [[2**-0.5, -(2**-0.5)], [-(2**-0.5), 2**-0.5]],
+                               rtol=1e-12)

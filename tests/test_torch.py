@@ -286,3 +286,18 @@ def test_meta_device_tensor_is_a_clear_error() -> None:
         act.grpo(rewards)
     with pytest.raises(ValueError, match="`lengths` is on the meta device"):
         act.opo(torch.zeros(2, 3), lengths=torch.ones(2, 3, device="meta"))
+
+
+def test_every_registered_point_estimator_has_a_torch_function() -> None:
+    from advcal.registry import REGISTRY
+
+    for name, entry in REGISTRY.items():
+        if entry.ranges:
+            continue
+        assert name in act.__all__ and callable(getattr(act, name)), name
+    rewards = torch.tensor([[1.0, 0.0, 0.5]], dtype=torch.float64)
+    for name, entry in REGISTRY.items():
+        if not entry.ranges and not entry.needs:
+            expected = entry.function(rewards.numpy())
+            np.testing.assert_array_equal(getattr(act, name)(rewards).numpy(),
+                                          getattr(expected, "advantages", expected))

@@ -106,6 +106,11 @@ def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, omit_nan, divisor
         # Each value against the limit, not the norm: values that fit are returned even
         # where their squares would overflow.  norm is NaN when ss is not finite.
         ok = norm == norm
+        if ss == 0.0 and n >= 2:
+            # A constant group has ss exactly 0; any other with ss == 0 has a spread whose
+            # squares underflow (subnormal rewards): flagged, the caller retries rescaled.
+            for i in range(g.size):
+                ok &= g[i] == shift or math.isnan(g[i])
         if omit_nan:
             for i in range(g.size):
                 a = 0.0 if math.isnan(g[i]) else ((g[i] - shift) - mean) * factor
@@ -188,7 +193,9 @@ def _passk(offsets, x, eps, ddof, normalize, raw_singletons, omit_nan, limit, ou
             a = top / (1.0 + eps) if normalize else top
         if best >= 0:
             o[best] = a
-        n_bad += not (math.isfinite(ss) and abs(a) <= limit)
+        # ss == 0 with a gap: the squares underflowed (rescaled by the caller).
+        n_bad += not (math.isfinite(ss) and abs(a) <= limit
+                      and not (ss == 0.0 and n >= 2 and top != second))
     return n_bad
 
 

@@ -46,7 +46,10 @@ def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
             s = {GRPO: 1.0 + eps, FIXED: divisor}.get(mode, 1.0)
         else:
             u = _centered(r)
-            if not np.isfinite(np.sum(u * u)):  # statistics overflow: the caller rescales
+            ss = np.sum(u * u)
+            # Statistics overflowed, or squares underflowed in a group with a spread: the
+            # caller rescales.
+            if not np.isfinite(ss) or (ss == 0.0 and (r != r[0]).any()):
                 amax[q] = np.nan
                 continue
             if mode == GRPO:  # std_floor: verl's grpo_vectorized
@@ -102,7 +105,9 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit, normalize=True
             a = r[0] / s
         else:
             ss = np.sum(_centered(r) ** 2)
-            if not np.isfinite(ss):  # statistics overflow: the caller rescales
+            # Statistics overflowed, or squares underflowed in a group with a spread: the
+            # caller rescales.
+            if not np.isfinite(ss) or (ss == 0.0 and r[best] != np.sort(r)[-2]):
                 amax[q] = np.nan
                 continue
             s = np.sqrt(ss / (n - ddof)) + eps if normalize else 1.0
