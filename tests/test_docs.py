@@ -1,7 +1,8 @@
 """The runnable snippets of the documentation pages (``pycon`` blocks) run as doctests.
 
-The recipe pages' trainer glue needs verl or TRL and is illustrative, but their advcal calls
-are in ``pycon`` blocks too; those pages need torch and are skipped without it.
+The pages in ``TORCH_PAGES`` need torch; the recipe pages also run against the installed
+TRL or verl (a tiny local trainer, verl's own ``compute_advantage``) and are left out where
+their framework is not installed.
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 TORCH_PAGES = ["recipes-verl.md", "recipes-trl.md", "gram.md"]
+FRAMEWORK = {"recipes-verl.md": "verl", "recipes-trl.md": "trl"}
 # Every other page with a ``>>>`` snippet: a page that gains one is tested without a list edit.
 PAGES = sorted(page.name for page in DOCS.glob("*.md")
                if page.name not in TORCH_PAGES and ">>> " in page.read_text(encoding="utf-8"))
 
 
 def test_page_snippets_run() -> None:
-    pages = PAGES + (TORCH_PAGES if importlib.util.find_spec("torch") is not None else [])
+    pages = PAGES + [page for page in TORCH_PAGES
+                     if importlib.util.find_spec("torch") is not None
+                     and importlib.util.find_spec(FRAMEWORK.get(page, "torch")) is not None]
     assert {"getting-started.md", "conformance.md", "estimators.md"} <= set(PAGES)
     for page in TORCH_PAGES:
         assert ">>> " in (DOCS / page).read_text(encoding="utf-8"), f"docs/{page}: no snippet"
@@ -35,6 +39,14 @@ def test_page_snippets_run() -> None:
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert f"{len(pages)} passed" in result.stdout, result.stdout[-2000:]
+
+
+def test_recipe_pages_hold_only_runnable_blocks() -> None:
+    # Every code block of a recipe page is a ``pycon`` block, so the run above executes it.
+    for page in FRAMEWORK:
+        lines = (DOCS / page).read_text(encoding="utf-8").splitlines()
+        fences = [line.strip()[3:] for line in lines if line.strip().startswith("```")]
+        assert len(fences) % 2 == 0 and fences[0::2] == ["pycon"] * (len(fences) // 2), page
 
 
 def _public_objects() -> list[tuple[str, object]]:
