@@ -116,11 +116,14 @@ def _radial(values: np.ndarray, offsets: np.ndarray, estimator: str, eps: float,
         dof = sizes - ddof
         sigma = np.sqrt(np.divide(norm2, dof, out=np.zeros_like(norm2), where=dof > 0))
         s = sigma + eps
-        if not (s > 0).all():
-            q = int(np.flatnonzero(~(s > 0))[0])
+        # 1/s overflows for s = 0 (eps = 0 and a constant group) and for subnormal s.
+        bad = ~(s > 1.0 / np.finfo(np.float64).max)
+        if bad.any():
+            q = int(np.flatnonzero(bad)[0])
             raise ValueError(
-                f"`eps` = 0 leaves GRPO's Jacobian undefined at group {q}, whose rewards are "
-                "all equal (u / std has no derivative at std = 0); pass eps > 0.")
+                f"`eps` = {eps!r} leaves GRPO's Jacobian undefined at group {q}, whose "
+                "rewards are all equal (u / std has no derivative at std = 0, and 1 / eps "
+                "overflows); pass a larger eps.")
         j_tan = 1.0 / s
         j_rad = eps / (s * s)
     elif estimator == "rloo":

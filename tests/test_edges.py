@@ -155,12 +155,12 @@ def test_calibrate_sets_unknown_estimator():
 
 
 def test_grpo_jacobian_eps_zero_constant_group_names_eps():
-    with pytest.raises(ValueError, match="`eps` = 0"):
+    with pytest.raises(ValueError, match="`eps` = 0.0 leaves"):
         advcal.coefficient_jacobian([[0.0, 1.0, 2.0], [0.5, 0.5, 0.5]], eps=0.0)
     rng = np.random.default_rng(1)
     a = rng.random((20, 4))
     a[3] = 0.5
-    with pytest.raises(ValueError, match="`eps` = 0"):
+    with pytest.raises(ValueError, match="`eps` = 0.0 leaves"):
         advcal.calibrate_sets(a, a + 0.01 * rng.random((20, 4)), alpha=0.2, eps=0)
     # eps > 0 is defined: a constant group's J is C / eps.
     J = advcal.coefficient_jacobian([[0.5, 0.5, 0.5]], eps=0.5)
