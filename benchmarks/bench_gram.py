@@ -22,6 +22,7 @@ SIZES = {  # (blocks, d, T, G, groups, vocab)
     True: (2, 64, 32, 4, 2, 128),
 }
 SKETCH_DIMS = (256, 1024, 4096)
+BRUTE = "forward + 2 per-response passes"
 
 
 def _setup(quick: bool) -> tuple[Any, Any, Callable[[], Any], int]:
@@ -80,6 +81,8 @@ def _setup(quick: bool) -> tuple[Any, Any, Callable[[], Any], int]:
 
 
 def _candidates(quick: bool) -> tuple[dict[str, Callable[[], object]], Any]:
+    import torch
+
     from advcal.torch import GradientCapture
 
     model, adv, objectives, g = _setup(quick)
@@ -98,11 +101,21 @@ def _candidates(quick: bool) -> tuple[dict[str, Callable[[], object]], Any]:
             return capture.gram(j, group_size=g)
         return run
 
+    def two_passes() -> None:
+        # brute force: one autograd pass per response over the batch graph; the passes cost
+        # the same, so two are timed and the notes scale them to G and N
+        with GradientCapture(model) as capture:  # only for its parameter list
+            pass
+        j = objectives()
+        for i in range(2):
+            torch.autograd.grad(j[i], capture.parameters(), retain_graph=True)
+
     candidates = {
         "forward + backward of the loss": backward,
         "forward only": forward,
         "forward + exact Gram": gram(),
         "forward + sketched Gram, k = 1024": gram(1024),
+        BRUTE: two_passes,
     }
     return candidates, (model, adv, objectives, g)
 
@@ -123,7 +136,7 @@ class _Timed:
         return run
 
 
-class _Notes(list):  # type: ignore[type-arg]
+class _Notes(list[str]):
     """Notes computed when the runner prints them: after the rounds."""
 
     def __init__(self, make: Callable[[], list[str]]) -> None:
@@ -177,10 +190,9 @@ def _memory_notes(quick: bool) -> list[str]:
             f"{peaks['sketch'] / 2**20:.0f} MiB"]
 
 
-def _accuracy_and_brute_force(state: Any, quick: bool) -> list[str]:
-    """Sketch errors against the exact Gram, and brute force against the exact Gram."""
+def _sketch_errors(state: Any, quick: bool) -> list[str]:
+    """Sketch errors against the exact Gram."""
     import numpy as np
-    import torch
 
     from advcal.torch import GradientCapture
 
@@ -191,7 +203,7 @@ def _accuracy_and_brute_force(state: Any, quick: bool) -> list[str]:
             j = objectives()
         return capture.gram(j, group_size=g), capture.parameters()
 
-    exact, params = exact_gram()
+    exact, _ = exact_gram()
     lines = []
     for k in SKETCH_DIMS:
         errors = []
@@ -202,27 +214,6 @@ def _accuracy_and_brute_force(state: Any, quick: bool) -> list[str]:
             errors.append(np.linalg.norm(approx - exact) / np.linalg.norm(exact))
         lines.append(f"sketch k = {k:>4}: relative Frobenius error of K over 3 seeds "
                      f"{min(errors):.3f} .. {max(errors):.3f}")
-    # Brute force: one autograd pass per response over the batch graph.  Its passes cost
-    # the same each, so a few are timed, interleaved with the exact Gram, and scaled to G.
-    t_exact, t_forward, t_pass = [], [], []
-    for _ in range(3):
-        start = time.perf_counter()
-        exact_gram()
-        t_exact.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        j = objectives()
-        t_forward.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        for i in range(2):
-            torch.autograd.grad(j[i], params, retain_graph=True)
-        t_pass.append((time.perf_counter() - start) / 2)
-    n = int(j.shape[0])
-    brute = min(t_forward) + g * min(t_pass)
-    lines.append(f"brute force, forward + G = {g} per-response autograd passes: "
-                 f"{brute / min(t_exact):.1f}x forward + exact Gram of all {n} responses "
-                 f"(forward + N = {n} passes: "
-                 f"{(min(t_forward) + n * min(t_pass)) / min(t_exact):.1f}x; one pass "
-                 f"{min(t_pass):.2f} s, timed interleaved with the exact Gram)")
     return lines
 
 
@@ -238,7 +229,7 @@ def cases(quick: bool) -> list[Case]:
     timed = _Timed()
     wrapped = {label: timed.wrap(label, fn) for label, fn in candidates.items()}
     base, fwd = "forward + backward of the loss", "forward only"
-    extra = _accuracy_and_brute_force(state, quick) + _memory_notes(quick)
+    extra = _sketch_errors(state, quick) + _memory_notes(quick)
 
     def notes() -> list[str]:
         best = timed.best
@@ -249,6 +240,15 @@ def cases(quick: bool) -> list[Case]:
                     ratio = (best[label] - best[fwd]) / (best[base] - best[fwd])
                     lines.append(f"{label} without the forward: {ratio:.2f}x the backward "
                                  "pass alone (best times, forward-only subtracted)")
+        if BRUTE in best and fwd in best and "forward + exact Gram" in best:
+            one = (best[BRUTE] - best[fwd]) / 2
+            n = g * groups
+            for count, what in ((g, f"G = {g} passes (one group)"),
+                                (n, f"N = {n} passes (the batch)")):
+                ratio = (best[fwd] + count * one) / best["forward + exact Gram"]
+                lines.append(f"brute force, forward + {what}: {ratio:.1f}x forward + exact "
+                             f"Gram of all {n} responses (best times; a pass "
+                             f"{one / (best[base] - best[fwd]):.2f}x the backward pass)")
         return lines + extra
 
     name = (f"Gram matrices, {blocks}-block transformer d={d}, T={t}, {groups} groups of "
