@@ -4,7 +4,16 @@ Points, intervals or paired scores in; advantages, coefficient sets, recovery ra
 conformal / UCB thresholds out.  The documentation site (``docs/``) has the math and the guide.
 """
 
+from advcal.analysis import (
+    AffineCheck,
+    RecoveryPath,
+    TrainingSummary,
+    affine_check,
+    recovery_path,
+    training_summary,
+)
 from advcal.artefacts import load_calibration, save_calibration
+from advcal.baselines import KLCompensated, grpo_kl_comp, huber_scale, mad_scale, p90_scale
 from advcal.bounds import risk_p_value, ucb
 from advcal.conformal import (
     RangeCalibration,
@@ -48,12 +57,15 @@ from advcal.sets import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AffineCheck",
     "CalibrationDrift",
     "CoefficientSets",
     "ESTIMATORS",
     "GroupIndex",
+    "KLCompensated",
     "RangeCalibration",
     "Recovery",
+    "RecoveryPath",
     "RewardRanges",
     "MaxNormResult",
     "MethodDiagnostics",
@@ -61,6 +73,8 @@ __all__ = [
     "ScaleDiagnostics",
     "SetCalibration",
     "ThresholdSelection",
+    "TrainingSummary",
+    "affine_check",
     "__version__",
     "advantages",
     "batch_std",
@@ -77,13 +91,18 @@ __all__ = [
     "gpg",
     "groups_from_ids",
     "grpo",
+    "grpo_kl_comp",
+    "huber_scale",
     "load_calibration",
+    "mad_scale",
     "maxnorm",
     "offsets_from_sizes",
     "opo",
+    "p90_scale",
     "passk",
     "range_advantages",
     "recover",
+    "recovery_path",
     "reinforce_pp_baseline",
     "resolve_rewards",
     "risk_p_value",
@@ -92,5 +111,6 @@ __all__ = [
     "scale_diagnostics",
     "select_threshold",
     "setgrpo",
+    "training_summary",
     "ucb",
 ]
