@@ -264,3 +264,34 @@ def test_training_summary_by_hand() -> None:
     assert none.n_accepted == 0 and np.isnan(none.mean_eta)
     with pytest.raises(TypeError, match="recovery"):
         training_summary(rec.eta, sets)  # type: ignore[arg-type]
+
+
+def test_analysis_on_ragged_groups() -> None:
+    sets, blocks, _ = batch(90, ragged=True)
+    rec = recover(sets, blocks, tau=0.05, backend="numpy")
+    acc = np.flatnonzero(rec.accepted & (rec.eta > 0))
+    q = int(acc[0])
+    path = recovery_path(sets, blocks, eta=[rec.eta[q]], backend="numpy")
+    assert path.m_full.shape == (sets.n_groups, 1)
+    assert path.m_full[q, 0] == pytest.approx(rec.m_full[q], abs=1e-7)
+    assert path.anchors.shape == rec.anchors.shape
+    s = training_summary(rec, sets)
+    assert s.n_accepted == rec.accepted.sum()
+    with pytest.raises(ValueError, match="eta"):
+        recovery_path(sets, blocks, eta=[0.5, 1.5])
+    with pytest.raises(ValueError, match="groups"):
+        training_summary(recover(*batch(20)[:2], tau=0.1), sets)
+
+
+def test_affine_check_with_group_ids() -> None:
+    pairs = paired_scorings(400, 8, scale=0.05, seed=51).scores
+    rewards = paired_scorings(40, 8, scale=0.05, seed=52).a
+    gram = gram_matrices(40, 8, seed=53).gram
+    dense = affine_check(rewards, gram=gram, calibration_scores=pairs, alpha=0.2, tau=0.1,
+                         scale=2.0, shift=0.5)
+    flat = rewards.ravel()
+    ids = np.repeat(np.arange(40), 8)
+    by_ids = affine_check(flat, group_ids=ids, gram=gram.reshape(40, -1).ravel(),
+                          calibration_scores=pairs, alpha=0.2, tau=0.1, scale=2.0, shift=0.5)
+    assert by_ids.decision_flips == dense.decision_flips
+    assert by_ids.max_eta_change == pytest.approx(dense.max_eta_change, abs=1e-9)
