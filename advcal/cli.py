@@ -631,9 +631,10 @@ _LEGEND = (
     ("zero-gap", "fraction of the groups with >= 2 responses the method skips (all rewards "
                  "equal; for MaxNorm with --resolution, all binned rewards equal): weight 0"),
     ("beta_eff min/max", "beta_eff,q = beta * s_q, the KL coefficient on the reward's own "
-                         "scale, over the informative groups"),
+                         "scale, over the informative groups (grpo_kl_comp: beta_q * s_q = "
+                         "beta)"),
     ("R/KL", "reward-to-KL ratio, mean over informative groups of mean_i |w_i| / beta "
-             "(= mean_i |u_i| / beta_eff,q for MaxNorm)"),
+             "(= mean_i |u_i| / beta_eff,q for MaxNorm; grpo_kl_comp divides by beta_q)"),
     ("max|w|", "largest |advantage| in the batch"),
     ("cosine", "with --second-col: <w, w'> / (|w| |w'|), w' the weights of the second "
                "scoring (1: same update direction)"),

@@ -125,11 +125,12 @@ class MethodDiagnostics:
 
 
 def _fmt(value: float | None, width: int) -> str:
+    # One leading space: a value as wide as its column (1.969e+06) must not touch the last.
     if value is None:
-        return f"{'-':>{width}}"
+        return f" {'-':>{width - 1}}"
     if not np.isfinite(value):
-        return f"{'n/a':>{width}}"
-    return f"{value:>{width}.4g}"
+        return f" {'n/a':>{width - 1}}"
+    return f" {value:>{width - 1}.4g}"
 
 
 @dataclass(frozen=True, eq=False)
