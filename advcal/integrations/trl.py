@@ -88,6 +88,10 @@ def _settings_iv(advantage: Any, options: Any, calibration: Any, tau: Any, layer
                              "(advcal.calibrate_sets) or the path of one saved with "
                              "advcal.save_calibration.")
         tau = _load(tau)
+        if isinstance(tau, advcal.ThresholdSelection):
+            from advcal.artefacts import validate_threshold_selection
+
+            validate_threshold_selection(tau)  # once here, not at every batch
         if tau is None:
             raise ValueError("advantage='setgrpo' needs `tau`: a threshold in [0, 1) or a "
                              "ThresholdSelection (advcal.select_threshold) or its path.")
@@ -459,13 +463,21 @@ class AdvcalGRPOMixin:
         keep = np.concatenate(rows)
         offsets = advcal.offsets_from_sizes(kept_sizes)
         settings = self._advcal
-        result = advcal.setgrpo(rewards[keep], offsets, gram=np.concatenate(blocks),
-                                calibration=settings.calibration, tau=settings.tau)
+        # advcal.setgrpo's two steps, so that the sets (and their centres, for the
+        # metrics) are built once.
+        sets = advcal.coefficient_sets(rewards[keep], offsets, calibration=settings.calibration)
+        threshold = settings.tau
+        if isinstance(threshold, advcal.ThresholdSelection):
+            threshold = threshold.tau_sel
+        if threshold is None:  # no feasible threshold: setgrpo rejects every group
+            result = advcal.setgrpo(rewards[keep], offsets, gram=np.concatenate(blocks),
+                                    calibration=settings.calibration, tau=None)
+        else:
+            result = advcal.recover(sets, np.concatenate(blocks), tau=threshold)
         coefficients = np.zeros(groups.size)
         coefficients[keep] = result.coefficients
         informative = np.diff(offsets) >= 2
-        center = advcal.coefficient_sets(rewards[keep], offsets,
-                                         calibration=settings.calibration).centers
+        center = sets.centers
         member_of = np.repeat(np.arange(len(kept_sizes)), kept_sizes)
         norms = np.sqrt(np.bincount(member_of, center ** 2, minlength=len(kept_sizes)))
         recovered = np.sqrt(np.bincount(member_of, result.coefficients ** 2,
