@@ -7,6 +7,8 @@ from functools import cache
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from advcal import (
     SetCalibration,
@@ -44,6 +46,28 @@ def batch(n_groups: int = 400, ragged: bool = False):
     blocks = np.concatenate([gram[q, :n, :n].ravel() for q, n in enumerate(sizes)])
     sets = coefficient_sets(pair.a[keep], offsets, calibration=calibration())
     return sets, blocks, reference[keep]
+
+
+@given(seed=st.integers(0, 10_000), rank=st.integers(1, 10), tau=st.floats(0.0, 0.6),
+       backend=st.sampled_from(["numba", "numpy"]))
+def test_switch_properties(seed: int, rank: int, tau: float, backend: str) -> None:
+    """On random batches and Gram ranks: dropping the reward condition accepts a superset
+    with η* at least as large; dropping recovery gives η* ∈ {0, 1} on a subset, 1 exactly
+    where the full method recovers all of c; the random discard keeps the gate's count."""
+    pair = paired_scorings(12, 6, scale=0.05, n_scorings=1, seed=seed)
+    sets = coefficient_sets(pair.a, calibration=calibration())
+    gram = gram_matrices(12, 6, rank=rank, seed=seed + 1).gram
+    full = recover(sets, gram, tau=tau, backend=backend)
+    loose = recover(sets, gram, tau=tau, reward_condition=False, backend=backend)
+    binary = recover(sets, gram, tau=tau, recovery=False, backend=backend)
+    rand = recover(sets, gram, tau=tau, discard="matched-random", seed=seed,
+                   backend=backend)
+    assert not (full.accepted & ~loose.accepted).any()
+    assert (loose.eta >= full.eta - 1e-9).all()
+    assert set(np.unique(binary.eta)) <= {0.0, 1.0}
+    assert not (binary.accepted & ~full.accepted).any()
+    np.testing.assert_array_equal(binary.eta == 1.0, full.eta == 1.0)
+    assert rand.accepted.sum() == full.accepted.sum()
 
 
 @pytest.mark.parametrize("tau", TAUS)
