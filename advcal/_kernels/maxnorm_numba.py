@@ -15,9 +15,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core.extending import intrinsic
+from numba import njit
 
 from advcal._kernels.pool import compile_serial, run_over_groups
 
@@ -28,28 +26,22 @@ from advcal._kernels.pool import compile_serial, run_over_groups
 # inf tests must survive.
 FASTMATH = frozenset({"nsz", "reassoc"})
 
-
-def _no_nan(name):
-    """The LLVM intrinsic ``name`` (llvm.minnum or llvm.maxnum) of two float64 values,
-    flagged "nnan": the only form of a running min/max that LLVM vectorizes (numba's min
-    and max stay scalar, and made the kernel about twice as slow).  A NaN operand gives an
-    unspecified value: the callers flag such a group from its NaN count or sum."""
-
-    def typing(typingctx, a, b):
-        def codegen(context, builder, signature, args):
-            double = ir.DoubleType()
-            fn = builder.module.declare_intrinsic(name, [double],
-                                                  ir.FunctionType(double, [double, double]))
-            return builder.call(fn, args, fastmath=("nnan", "nsz"))
-
-        return types.float64(types.float64, types.float64), codegen
-
-    typing.__name__ = typing.__qualname__ = name.replace(".", "_") + "_no_nan"
-    return intrinsic(typing)
+_MAGNITUDE = 0x7FFFFFFFFFFFFFFF
 
 
-_min_no_nan = _no_nan("llvm.minnum")
-_max_no_nan = _no_nan("llvm.maxnum")
+@njit(inline="always")
+def _key(v):
+    """An int64 in the order of the float64 v, a NaN beyond +-inf: running extremes of
+    keys vectorize (integer min/max), those of floats do not."""
+    b = np.float64(v).view(np.int64)
+    return b ^ ((b >> 63) & _MAGNITUDE)
+
+
+@njit(inline="always")
+def _unkey(k):
+    """The float64 of a ``_key``; a NaN's key gives a NaN, so the callers' finiteness
+    test of the extremes also finds NaN rewards."""
+    return np.int64(k ^ ((k >> 63) & _MAGNITUDE)).view(np.float64)
 
 
 @njit(inline="always")
@@ -101,75 +93,53 @@ def _group_scale(n, shift, total, bmin, bmax, tau, loo, dead_zone, raw_singleton
 
 
 @njit(inline="always")
-def _scan(g, lo, hi, clip, inv_delta, kmax, omit_nan):
+def _valid(g, omit_nan):
+    """(number of valid rewards, index of the first) of one group."""
+    if not omit_nan:
+        return g.size, 0
+    n = 0
+    for i in range(g.size):
+        n += not math.isnan(g[i])
+    start = 0
+    while start < g.size and math.isnan(g[start]):
+        start += 1
+    return n, start
+
+
+@njit(inline="always")
+def _scan(g, o, lo, hi, clip, inv_delta, kmax, omit_nan, write):
     """Statistics of the valid rewards of one group: count, shift (the first binned
     reward: a zero-gap group then centers to exact 0), sum of binned rewards minus the
     shift, smallest and largest binned reward, whether a reward is not finite, and
-    whether one lies outside ``[lo, hi]``.  Reads only, so the sum's order cannot depend
-    on where the output lies.  Loops run over the whole group (a loop from an offset
-    vectorized badly); an omitted NaN is replaced by the first valid reward, which adds
-    0 and moves no extreme."""
-    n = g.size
-    start = 0
-    if omit_nan:
-        n = 0
-        for i in range(g.size):
-            n += not math.isnan(g[i])
-        while start < g.size and math.isnan(g[start]):
-            start += 1
+    whether one lies outside ``[lo, hi]``.  ``write`` (resolve) also writes the binned
+    rewards to ``o`` (omitted NaN stay NaN) and takes no sum: a write in the summing loop
+    lets the sum's order depend on where the output lies.  An omitted NaN is replaced by
+    the first valid reward, which adds 0 and moves no extreme."""
+    n, start = _valid(g, omit_nan)
     if n == 0:
+        if write:
+            for i in range(g.size):
+                o[i] = g[i]
         return 0, 0.0, 0.0, math.inf, -math.inf, False, False
     first = np.float64(g[start])
     shift = _bin(first, lo, hi, clip, inv_delta, kmax)
     total = 0.0
-    low = math.inf
-    high = -math.inf
-    n_nan = 0
+    low = high = _key(first)
     for i in range(g.size):
         v = np.float64(g[i])
+        if write:
+            o[i] = _bin(v, lo, hi, clip, inv_delta, kmax)
         v = first if omit_nan and math.isnan(v) else v
-        n_nan += v != v
-        total += _bin(v, lo, hi, clip, inv_delta, kmax) - shift
-        low = _min_no_nan(low, v)
-        high = _max_no_nan(high, v)
-    bad = n_nan > 0
-    # (no branch on low/high, which a NaN leaves unspecified; its group is flagged)
-    bad = bad | (not math.isfinite(low)) | (not math.isfinite(high))
+        if not write:
+            total += _bin(v, lo, hi, clip, inv_delta, kmax) - shift
+        low = min(low, _key(v))
+        high = max(high, _key(v))
+    vmin = _unkey(low)
+    vmax = _unkey(high)
+    bad = not (math.isfinite(vmin) and math.isfinite(vmax))
     # binning is monotone: the extreme rewards give the extreme bins
-    return (n, shift, total, _bin(low, lo, hi, clip, inv_delta, kmax),
-            _bin(high, lo, hi, clip, inv_delta, kmax), bad, (low < lo) | (high > hi))
-
-
-@njit(inline="always")
-def _resolve_group(g, o, lo, hi, clip, inv_delta, kmax, omit_nan):
-    """``_scan`` for ``resolve``, in one pass that also writes the binned rewards (omitted
-    NaN stay NaN): (count, smallest and largest binned reward, whether a reward is not
-    finite, whether one lies outside ``[lo, hi]``).  No sum is taken, and min/max are
-    exact in any order, so the loop may write."""
-    n = g.size
-    start = 0
-    if omit_nan:
-        n = 0
-        for i in range(g.size):
-            n += not math.isnan(g[i])
-        while start < g.size and math.isnan(g[start]):
-            start += 1
-    first = np.float64(g[start]) if start < g.size else 0.0
-    low = math.inf
-    high = -math.inf
-    n_nan = 0
-    for i in range(g.size):
-        v = np.float64(g[i])
-        o[i] = _bin(v, lo, hi, clip, inv_delta, kmax)
-        v = first if omit_nan and math.isnan(v) else v
-        n_nan += v != v
-        low = _min_no_nan(low, v)
-        high = _max_no_nan(high, v)
-    if n == 0:
-        return 0, 0.0, 0.0, False, False
-    bad = (n_nan > 0) | (not math.isfinite(low)) | (not math.isfinite(high))
-    return (n, _bin(low, lo, hi, clip, inv_delta, kmax), _bin(high, lo, hi, clip, inv_delta,
-                                                            kmax), bad, (low < lo) | (high > hi))
+    return (n, shift, total, _bin(vmin, lo, hi, clip, inv_delta, kmax),
+            _bin(vmax, lo, hi, clip, inv_delta, kmax), bad, (vmin < lo) | (vmax > hi))
 
 
 def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi, clip,
@@ -184,18 +154,14 @@ def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi
     for q in range(offsets.size - 1):
         g = x[offsets[q]:offsets[q + 1]]
         o = out[offsets[q]:offsets[q + 1]]
-        if not weights:
-            n, bmin, bmax, bad, outside = _resolve_group(g, o, lo, hi, clip, inv_delta, kmax,
-                                                         omit_nan)
-            keep[q] = n >= 2 and bmin != bmax
-            n_bad += bad
-            n_out += outside
-            continue
-        n, shift, total, bmin, bmax, bad, outside = _scan(g, lo, hi, clip, inv_delta, kmax,
-                                                          omit_nan)
+        n, shift, total, bmin, bmax, bad, outside = _scan(g, o, lo, hi, clip, inv_delta,
+                                                          kmax, omit_nan, not weights)
         n_out += outside
         if per_group:
             keep[q] = n >= 2 and bmin != bmax
+        if not weights:
+            n_bad += bad
+            continue
         shift, mean, factor, s = _group_scale(n, shift, total, bmin, bmax, tau, loo,
                                               dead_zone, raw_singletons)
         n_bad += bad | (not math.isfinite(total)) | (not math.isfinite(s))
@@ -226,14 +192,14 @@ def _plain(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi,
             continue
         shift = np.float64(g[0])
         total = 0.0
-        low = math.inf
-        high = -math.inf
+        klo = khi = _key(shift)
         for i in range(g.size):
             v = np.float64(g[i])
             total += v - shift
-            low = _min_no_nan(low, v)
-            high = _max_no_nan(high, v)
-        # (& and |, not "and"/"or": no branch on low/high, which a NaN leaves unspecified)
+            klo = min(klo, _key(v))
+            khi = max(khi, _key(v))
+        low = _unkey(klo)
+        high = _unkey(khi)
         n_out += (low < lo) | (high > hi)
         shift, mean, factor, s = _group_scale(g.size, shift, total, low, high, tau, loo,
                                               dead_zone, raw_singletons)
