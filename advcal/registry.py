@@ -208,9 +208,16 @@ def _group_std(values: np.ndarray, offsets: np.ndarray, ddof: int) -> np.ndarray
     shift[sizes > 0] = x[offsets[:-1][sizes > 0]]
     # Deviations from a member of the group: a constant group has exactly 0 spread.
     d = x - shift[codes]
-    mean = np.bincount(codes, d, sizes.size) / np.maximum(sizes, 1)
-    ss = np.bincount(codes, (d - mean[codes]) ** 2, sizes.size)
-    return np.sqrt(ss / np.maximum(sizes - ddof, 1))
+    # In units of the group's largest deviation, as the estimators' kernels rescale: the
+    # squares of a tiny (or huge) spread neither underflow nor overflow.
+    top = np.zeros(sizes.size)
+    if codes.size:
+        top[sizes > 0] = np.maximum.reduceat(np.abs(d), offsets[:-1][sizes > 0])
+    unit = np.where(top > 0, top, 1.0)
+    z = d / unit[codes]
+    mean = np.bincount(codes, z, sizes.size) / np.maximum(sizes, 1)
+    ss = np.bincount(codes, (z - mean[codes]) ** 2, sizes.size)
+    return unit * np.sqrt(ss / np.maximum(sizes - ddof, 1))
 
 
 def _default(function: Callable[..., Any], keyword: str) -> Any:
@@ -243,7 +250,7 @@ def _std_scale(function: Callable[..., np.ndarray], *, unique_top: bool = False)
         if unique_top:
             top = expand(_extremes(values, offsets)[1], offsets)
             gap = _count(values == top, offsets) == 1
-        # With eps = 0 a gap below sqrt(tiny) squares to a zero std: the group is skipped.
+        # A zero scale (eps = 0 and all rewards equal) is a skipped group.
         return Scaled(weights, scale, gap & (scale > 0.0))
 
     return rule

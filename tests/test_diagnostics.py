@@ -94,12 +94,14 @@ def test_no_informative_group_gives_documented_nan():
     assert "n/a" in diag.table()
 
 
-def test_grpo_skips_groups_whose_std_underflows_without_eps():
+def test_grpo_tiny_gap_without_eps_is_informative():
+    # A gap of 1e-300 has a std whose square underflows; the estimator rescales the group
+    # and gives it +-1/sqrt(2), and the diagnostics count it with scale 1e-300/sqrt(2).
     rewards = np.array([[0.0, 1e-300], [0.0, 1.0]])
-    assert (advcal.grpo(rewards, eps=0.0)[0] == 0.0).all()  # the estimator skips group 0
+    np.testing.assert_allclose(advcal.grpo(rewards, eps=0.0)[0], [-(2**-0.5), 2**-0.5])
     diag = scale_diagnostics(rewards, methods=("grpo",), eps=0.0)["grpo"]
-    assert diag.zero_gap_fraction == 0.5 and diag.n_informative == 1
-    np.testing.assert_allclose(diag.inverse_scale, [np.sqrt(2.0)])
+    assert diag.zero_gap_fraction == 0.0 and diag.n_informative == 2
+    np.testing.assert_allclose(diag.inverse_scale, [np.sqrt(2.0) * 1e300, np.sqrt(2.0)])
 
 
 def test_reference_scoring_adds_direction_cosine():
