@@ -9,28 +9,35 @@ is TRL's own advantage computation: the lines of the installed
 ``GRPOTrainer._generate_and_score_completions`` from the unscorable mask to the local
 slice, taken from TRL's source and run on the same gathered rewards (not a copy of its
 formulas).  The host round trip is the copy of the rewards out of their tensor and of the
-advantages into one (free on CPU tensors; a device sync and two copies on a GPU).
+advantages into one (two memory copies here; on a GPU also a device sync and transfers).
+The notes give each advcal step minus the round trip, as a paired-round median ratio.
 
 **SetGRPO.**  A trainer step's loss on the tiny Llama of the integration tests: forward
 of the loss (``compute_loss``) and forward + backward, with ``advantage="setgrpo"``
 (Gram matrices on the loss's own forward pass, SetGRPO's coefficients) and with
-``advantage="grpo"``, on the same generated batch.
+``advantage="grpo"``, on the same generated batch; one torch thread.  The extra cost
+per step is set against one backward pass (grpo's forward + backward minus its forward).
+
+The cases are built only when selected (they import TRL and construct trainers).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import textwrap
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from benchmarks import Case
+from benchmarks import Case, Rounds, round_times
 
 G = 16
+SETGRPO_SIZES = {False: (8, 4, 16), True: (4, 2, 6)}  # (group size, groups, completion length)
+ADVANTAGE_TARGET = "advcal step <= 0.5x TRL's own + the host round trip"
+SETGRPO_TARGET = "setgrpo's extra per step (Gram included) <= one backward pass"
 START = "unscorable_mask = torch.isnan(rewards_per_func)"
 END = "advantages = advantages[process_slice]"
 
@@ -126,28 +133,27 @@ def _advantage_case(groups: int, none_fraction: float) -> Case | None:
     ours = advcal_step("grpo", None)()["advantages"]
     theirs = trl_own()
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-6)
-    label = f"{groups} groups x {G}" + (f", {none_fraction:.0%} None rewards"
-                                         if none_fraction else "")
     base, trip = "TRL's own advantages (its source)", "host round trip"
-    timed = _Timed()
-    candidates = timed.wrap({
+    candidates = {
         base: trl_own,
         trip: round_trip,
         "advcal grpo step (mixin)": advcal_step("grpo", None),
         "advcal maxnorm step (mixin)": advcal_step("maxnorm", {"tau_res": 0.05}),
         "advcal rloo step (mixin)": advcal_step("rloo", None),
-    })
+    }
 
-    def notes() -> list[str]:
-        best = timed.best
-        lines = [f"{name} without the round trip: {(t - best[trip]) / best[base]:.2f}x TRL's own"
-                 for name, t in best.items() if name.startswith("advcal")]
+    def notes(rounds: Rounds) -> list[str]:
+        trip_ratio = rounds.paired_ratio(trip, base) or 0.0
+        lines = []
+        for name in candidates:
+            ratio = rounds.paired_ratio(name, base)
+            if name.startswith("advcal") and ratio is not None:
+                lines.append(f"{name} minus the round trip: {ratio - trip_ratio:.2f}x TRL's own "
+                             "(paired-round medians)")
         return lines + ["advcal's step runs after TRL's own (TRL still computes its "
                         "advantages); grpo mode equals TRL's within 1e-6 (checked first)"]
 
-    return Case(f"TRL integration: advantage step, {label}", candidates, baseline=base,
-                target="advcal step <= 0.5x TRL's own + the host round trip",
-                notes=_Notes(notes))
+    return Case("", candidates, baseline=base, notes=_Notes(notes))
 
 
 def _tokenizer() -> Any:
@@ -172,7 +178,7 @@ def _setgrpo_case(quick: bool) -> Case:
     import advcal
     from advcal.integrations.trl import AdvcalGRPOTrainer
 
-    g, prompts, length = (4, 2, 6) if quick else (8, 4, 16)
+    g, prompts, length = SETGRPO_SIZES[quick]
     tok = _tokenizer()
     config = transformers.LlamaConfig(
         vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
@@ -224,69 +230,83 @@ def _setgrpo_case(quick: bool) -> Case:
 
         return step
 
-    timed = _Timed()
     candidates = {}
     for name in runs:
         candidates[f"{name}: loss forward"] = loss(name, False)
         candidates[f"{name}: forward + backward"] = loss(name, True)
     base = "grpo: forward + backward"
-    candidates = timed.wrap(candidates)
 
-    def notes() -> list[str]:
-        best = timed.best
-        backward = best[base] - best["grpo: loss forward"]
-        lines = [f"one backward pass (grpo forward + backward - grpo loss forward): "
-                 f"{backward * 1e3:.2f} ms"]
+    def notes(rounds: Rounds) -> list[str]:
+        # In units of grpo's forward + backward: backward = 1 - forward share.
+        forward = rounds.paired_ratio("grpo: loss forward", base)
+        lines = []
         for name in runs:
-            if name != "grpo":
-                extra = best[f"{name}: forward + backward"] - best[base]
-                lines.append(f"{name}: extra per step {extra / backward:.2f}x one backward pass")
+            step = rounds.paired_ratio(f"{name}: forward + backward", base)
+            if name != "grpo" and forward is not None and step is not None:
+                lines.append(f"{name}: extra per step {(step - 1) / (1 - forward):.2f}x one "
+                             "backward pass (backward = grpo forward + backward - grpo loss "
+                             "forward; paired-round medians)")
         return lines
 
-    return Case(
-        f"TRL integration: SetGRPO step on the tiny Llama, {prompts} groups of {g}, "
-        f"{length} completion tokens, one torch thread",
-        candidates, baseline=base,
-        target="setgrpo's extra per step (Gram included) <= one backward pass",
-        notes=_Notes(notes))
-
-
-class _Timed:
-    """Wraps candidates to keep each one's best per-call time, for the notes."""
-
-    def __init__(self) -> None:
-        self.best: dict[str, float] = {}
-
-    def wrap(self, candidates: dict[str, Callable[[], object]]) -> dict[str, Callable[[], object]]:
-        def timed(label: str, fn: Callable[[], object]) -> Callable[[], object]:
-            def run() -> object:
-                start = time.perf_counter()
-                out = fn()
-                elapsed = time.perf_counter() - start
-                self.best[label] = min(self.best.get(label, float("inf")), elapsed)
-                return out
-            return run
-        return {label: timed(label, fn) for label, fn in candidates.items()}
+    return Case("", candidates, baseline=base, notes=_Notes(notes))
 
 
 class _Notes(list[str]):
-    """Notes computed when the runner prints them: after the rounds."""
+    """Notes computed from the rounds, after they ran (see ``_lazy``)."""
 
-    def __init__(self, make: Callable[[], list[str]]) -> None:
+    def __init__(self, make: Callable[[Rounds], list[str]]) -> None:
         super().__init__()
         self.make = make
 
-    def __iter__(self) -> Any:
-        return iter(self.make())
+
+def _lazy(case: Case, build: Callable[[], Case | None]) -> Case:
+    """``case`` (name and target) as a one-shot report that builds its candidates only when
+    the runner selects it: building imports TRL and constructs trainers, which a run of
+    other benchmarks (``--only``) should not pay for."""
+
+    def report() -> list[str]:
+        import torch
+
+        from benchmarks.__main__ import _format_ratio, _format_time
+
+        torch.set_num_threads(1)  # on a shared 2-core machine torch's pool measures contention
+        built = build()
+        if built is None:
+            return ["TRL's advantage lines were not found in the installed TRL: not timed"]
+        rounds = round_times(built.candidates)
+        base = rounds.best(built.baseline)
+        lines = []
+        for label in built.candidates:
+            best = rounds.best(label)
+            row = (f"{label:<38}{_format_time(best)}   {_format_ratio(best / base)}x "
+                   f"{built.baseline}")
+            paired = rounds.paired_ratio(label, built.baseline)
+            if paired is not None and label != built.baseline:
+                row += f"   (paired rounds: median {_format_ratio(paired).strip()}x)"
+            lines.append(row)
+        notes = built.notes
+        return lines + (notes.make(rounds) if isinstance(notes, _Notes) else list(notes))
+
+    case.report = report
+    return case
 
 
 def cases(quick: bool) -> list[Case]:
-    try:
-        import torch
-        import trl  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if any(importlib.util.find_spec(name) is None for name in ("torch", "trl")):
         return []
-    torch.set_num_threads(1)  # on a shared 2-core machine torch's pool measures contention
     sizes = [(64, 0.0)] if quick else [(64, 0.0), (1024, 0.0), (1024, 0.05)]
-    out = [case for case in (_advantage_case(*size) for size in sizes) if case is not None]
-    return out + [_setgrpo_case(quick)]
+    out = []
+    for groups, none_fraction in sizes:
+        label = f"{groups} groups x {G}" + (f", {none_fraction:.0%} None rewards"
+                                             if none_fraction else "")
+        out.append(_lazy(Case(f"TRL integration: advantage step, {label}", {}, "",
+                              target=ADVANTAGE_TARGET),
+                         functools.partial(_advantage_case, groups, none_fraction)))
+    g, prompts, length = SETGRPO_SIZES[quick]
+    out.append(_lazy(Case(f"TRL integration: SetGRPO step on the tiny Llama, {prompts} groups "
+                          f"of {g}, {length} completion tokens, one torch thread", {}, "",
+                          target=SETGRPO_TARGET),
+                     lambda: _setgrpo_case(quick)))
+    return out

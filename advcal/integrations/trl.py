@@ -121,6 +121,11 @@ def trl_rewards(rewards_per_func: np.ndarray, weights: np.ndarray, aggregation: 
     """
     per_func = np.asarray(rewards_per_func, dtype=np.float64)
     weights = np.asarray(weights, dtype=np.float64)
+    if (per_func.shape[1] == 1 and aggregation == "sum_then_normalize"
+            and np.isfinite(weights[0]) and weights[0] != 0):
+        # One reward function: its weighted reward, NaN exactly where it returned None
+        # (a finite nonzero weight makes no NaN of its own, as inf * 0 would).
+        return (per_func[:, 0] * weights[0]).reshape(-1, group_size)
     unscorable = np.isnan(per_func).all(axis=1)
     if aggregation == "normalize_then_sum":
         grouped = per_func.reshape(-1, group_size, per_func.shape[1])
@@ -133,11 +138,7 @@ def trl_rewards(rewards_per_func: np.ndarray, weights: np.ndarray, aggregation: 
         per_func = ((grouped - mean) / (std + TRL_EPS)).reshape(per_func.shape)
     elif aggregation != "sum_then_normalize":
         raise ValueError(f"unknown multi_objective_aggregation {aggregation!r}")
-    if per_func.shape[1] == 1:  # one reward function: the sum is its weighted reward
-        combined = per_func[:, 0] * weights[0]
-        combined[np.isnan(combined)] = 0.0
-    else:
-        combined = np.nansum(per_func * weights, axis=1)
+    combined = np.nansum(per_func * weights, axis=1)
     combined[unscorable] = np.nan
     return combined.reshape(-1, group_size)
 
@@ -145,13 +146,14 @@ def trl_rewards(rewards_per_func: np.ndarray, weights: np.ndarray, aggregation: 
 def _valid_groups(rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The scorable rewards as a ragged batch: values, offsets, and their flat positions
     (None when every reward is scorable: the batch is dense, positions are the identity)."""
-    if not np.isnan(rewards).any():
+    valid = ~np.isnan(rewards)
+    if valid.all():
         n, g = rewards.shape
         return rewards.ravel(), np.arange(0, n * g + 1, g, dtype=np.int64), None
-    valid = ~np.isnan(rewards)
-    sizes = valid.sum(axis=1)
-    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    return rewards[valid], offsets, np.flatnonzero(valid.ravel())
+    offsets = np.zeros(rewards.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.count_nonzero(valid, axis=1), out=offsets[1:])
+    where = np.flatnonzero(valid)
+    return rewards.ravel()[where], offsets, where
 
 
 def _group_scales_loop(values: np.ndarray, offsets: np.ndarray, use_std: bool, eps: float
