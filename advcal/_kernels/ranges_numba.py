@@ -1,20 +1,15 @@
-"""Numba kernels for the interval advantages (DESIGN §5); oracle: ``ranges_numpy``.
+"""Numba kernels for the interval advantages; oracle: ``ranges_numpy``.
 
 Kernels trust their inputs: float64 ranges with ``lo <= hi``, finite, CSR ``offsets``.
-Each is one serial loop over groups that writes only its own groups' slices of the
-outputs; ``pool.run_over_groups`` runs it on chunks of whole groups from several threads
-(from 2**19 responses on), so results do not depend on the thread count.
+Each is one serial loop over groups writing only its own groups' slices, so
+``pool.run_over_groups`` may run chunks of groups on threads.
 
-Dominance in O(n log n) per group (DESIGN §5): sort h and l, prefix sums of the sorted h
-and suffix sums of the sorted l, then for every response
-Σ_j (l_i − h_j)₊ = c_i·l_i − (sum of the c_i smallest h), c_i = #{h_j < l_i}, and
-Σ_j (l_j − h_i)₊ = (sum of the l above h_i) − c'_i·h_i, c'_i = #{l_j > h_i}.
-The counts come from binary searches run for all n responses of a group in lockstep,
-with a select instead of a branch per step: one search at a time is a chain of
-unpredictable branches and dependent loads (measured ~3x slower).  Sums are
-accumulated directly from the shifted values, never as a difference of two partial
-sums.  Sorting: numpy's vectorized sort of the (B, G) view for equal-size groups,
-+inf-padded rows for similar sizes, numba's per-group sort otherwise.
+Dominance in O(n log n) per group: sort h and l, prefix sums of the sorted h and suffix
+sums of the sorted l, then Σ_j (l_i − h_j)₊ = c_i·l_i − (sum of the c_i smallest h) with
+c_i = #{h_j < l_i}, and Σ_j (l_j − h_i)₊ = (sum of the l above h_i) − c'_i·h_i with
+c'_i = #{l_j > h_i}.  The counts come from branch-free binary searches run for all n
+responses in lockstep (independent loads overlap; one search at a time stalls on
+unpredictable branches).
 """
 
 from __future__ import annotations
@@ -31,8 +26,7 @@ def _sort_groups(offsets, x, out):
     for q in range(offsets.size - 1):
         start = offsets[q]
         stop = offsets[q + 1]
-        for t in range(start, stop):
-            out[t] = x[t]
+        out[start:stop] = x[start:stop]
         out[start:stop].sort()
 
 
@@ -66,8 +60,8 @@ def _dominance(offsets, lo, hi, sorted_lo, sorted_hi, max_size, out):
         n = stop - start
         if n == 0:
             continue
-        # Views of the group: indices from 0 let numba drop its negative-index
-        # wraparound, and LLVM then vectorizes the loops (measured 5x).
+        # Views indexed from 0: numba drops its negative-index wraparound, and LLVM
+        # vectorizes the loops.
         lo_q = lo[start:stop]
         hi_q = hi[start:stop]
         sorted_lo_q = sorted_lo[start:stop]
@@ -86,49 +80,32 @@ def _dominance(offsets, lo, hi, sorted_lo, sorted_hi, max_size, out):
             acc += sorted_lo_q[t] - ref
             above[t] = acc
         # c_i = #{h_j < l_i}: Σ_j (l_i − h_j)₊ = c_i·l_i − below[c_i].
-        _lower_bounds(sorted_hi_q, lo_q, n, pos)
+        _count_below(sorted_hi_q, lo_q, n, pos, True)
         for i in range(n):
             out_q[i] = pos[i] * (lo_q[i] - ref) - below[pos[i]]
         # c'_i = #{l_j <= h_i}: Σ_j (l_j − h_i)₊ = above[c'_i] − (n − c'_i)·h_i.
-        _upper_bounds(sorted_lo_q, hi_q, n, pos)
+        _count_below(sorted_lo_q, hi_q, n, pos, False)
         for i in range(n):
             behind = above[pos[i]] - (n - pos[i]) * (hi_q[i] - ref)
             out_q[i] = (out_q[i] - behind) / n
 
 
 @njit(inline="always")
-def _lower_bounds(sorted_values, x, n, pos):
-    """pos[i] = #{sorted_values[:n] < x[i]} for every i < n, in lockstep.
-
-    Branch-free binary search (each step a select, not a jump) run for all queries at
-    once: the n searches are independent, so their loads overlap instead of stalling
-    one chain of unpredictable branches per query.
-    """
+def _count_below(sorted_values, x, n, pos, strict):
+    """pos[i] = #{sorted_values[:n] < x[i]} (``strict``, else <=) for every i < n: a
+    binary search whose steps are selects, run for all queries in lockstep."""
     for i in range(n):
         pos[i] = 0
     length = n
     while length > 1:
         half = length >> 1
         for i in range(n):
-            pos[i] += half if sorted_values[pos[i] + half] < x[i] else 0
+            v = sorted_values[pos[i] + half]
+            pos[i] += half if (v < x[i] if strict else v <= x[i]) else 0
         length -= half
     for i in range(n):
-        pos[i] += 1 if sorted_values[pos[i]] < x[i] else 0
-
-
-@njit(inline="always")
-def _upper_bounds(sorted_values, x, n, pos):
-    """pos[i] = #{sorted_values[:n] <= x[i]} (see _lower_bounds)."""
-    for i in range(n):
-        pos[i] = 0
-    length = n
-    while length > 1:
-        half = length >> 1
-        for i in range(n):
-            pos[i] += half if sorted_values[pos[i] + half] <= x[i] else 0
-        length -= half
-    for i in range(n):
-        pos[i] += 1 if sorted_values[pos[i]] <= x[i] else 0
+        v = sorted_values[pos[i]]
+        pos[i] += 1 if (v < x[i] if strict else v <= x[i]) else 0
 
 
 def _midpoint(offsets, lo, hi, out):

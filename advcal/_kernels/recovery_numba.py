@@ -1,15 +1,12 @@
-"""Numba kernel of GGSR recovery (DESIGN §6.2); oracle: ``recovery_numpy``.
+"""Numba kernel of GGSR recovery; oracle: ``recovery_numpy``.
 
 Per group: check the Gram block, solve the anchor's trust-region subproblem, then find η*
-for every threshold.  No eigendecomposition: H = R K R is reduced to tridiagonal form once
-(Householder), after which every evaluation of the secular equation is O(n) (a
-tridiagonal Cholesky), and every quantity of the recovery path is a quadratic polynomial
-in η precomputed in O(n²), so each feasibility test of η is O(1).
-
-The kernel is one serial loop over groups, compiled once; ``pool.run_over_groups`` runs it
-on chunks of whole groups from several threads, so results do not depend on the thread
-count.  Inputs are validated by ``advcal.recovery``: float64 contiguous arrays, offsets
-valid, ``root`` and ``gram`` hold one row-major n_q × n_q block per group at ``boffsets``.
+for every threshold.  H = R K R is reduced to tridiagonal form once (Householder), so
+each step of the secular equation is O(n), and every quantity of the recovery path is a
+quadratic in η precomputed in O(n²), so each feasibility test of η is O(1).  One serial
+loop over groups (``pool.run_over_groups`` runs chunks of them on threads).  Inputs are
+validated by ``advcal.recovery``: float64 contiguous arrays; ``root`` and ``gram`` hold
+one row-major n_q × n_q block per group at ``boffsets``.
 """
 
 from __future__ import annotations
@@ -37,8 +34,8 @@ from advcal._kernels.pool import compile_serial, run_over_groups
 _FASTMATH = set(FASTMATH)
 ETA_TOL = 1e-13  # absolute accuracy of η*
 GOLDEN = 0.6180339887498949
-# Groups from which ``recover_groups`` runs chunks on threads: a group costs microseconds,
-# a hand-off to a pool thread 50-100 us on a 2-core VM (see ``benchmarks/bench_sets.py``).
+# Groups from which ``recover_groups`` runs chunks on threads (a group costs far more
+# than a reward, so threads pay off far earlier than the pool's own rule says).
 PARALLEL_MIN_GROUPS = 2048
 
 
@@ -176,7 +173,6 @@ def _tri_solve(diag, off, n, mu, rhs, y, w, lo, ld):
     ``lo`` holds the subdiagonal of L, ``ld`` the reciprocals of D: the recurrences are
     latency-bound, so one division per row and no square roots.
     """
-    prev = 0.0
     for i in range(n):
         d = diag[i] + mu
         if i > 0:
@@ -190,9 +186,7 @@ def _tri_solve(diag, off, n, mu, rhs, y, w, lo, ld):
     prev = 0.0
     for i in range(n):
         prev = rhs[i] - (lo[i - 1] * prev if i > 0 else 0.0)
-        w[i] = prev
-    for i in range(n):
-        w[i] *= ld[i]
+        w[i] = prev * ld[i]
     prev = 0.0
     for i in range(n - 1, -1, -1):
         prev = w[i] - (lo[i] * prev if i < n - 1 else 0.0)
@@ -248,16 +242,25 @@ def _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace):
 
 
 @cached_njit(fastmath=_FASTMATH)
-def _min_norm_solution(kmat, rmat, kr, hmat, g, n, z):
-    """z = −H⁺g (H = RKR rebuilt; eigenvalues below 1e-12·max are null): the anchor's
-    minimum-norm z when the unconstrained minimum lies inside the ball (a rejected group)."""
+def _rkr(kmat, rmat, kr, hmat, n):
+    """hmat = R K R, symmetrized (BLAS on contiguous views); returns its trace."""
     np.dot(kmat, rmat, kr)
     np.dot(rmat, kr, hmat)
+    trace = 0.0
     for i in range(n):
         for j in range(i + 1, n):
             sym = 0.5 * (hmat[i, j] + hmat[j, i])
             hmat[i, j] = sym
             hmat[j, i] = sym
+        trace += hmat[i, i]
+    return trace
+
+
+@cached_njit(fastmath=_FASTMATH)
+def _min_norm_solution(kmat, rmat, kr, hmat, g, n, z):
+    """z = −H⁺g (H rebuilt; eigenvalues below 1e-12·max are null): the anchor's
+    minimum-norm z when the unconstrained minimum lies inside the ball."""
+    _rkr(kmat, rmat, kr, hmat, n)
     evals, evecs = np.linalg.eigh(hmat)
     cutoff = 1e-12 * max(evals[n - 1], 0.0)
     for i in range(n):
@@ -277,17 +280,21 @@ def _sqrt0(x):
     return math.sqrt(x) if x > 0.0 else 0.0
 
 
+@njit(inline="always")
+def _quad(coef, i, eta):
+    """The quadratic ``coef[i] + 2 coef[i+1] η + coef[i+2] η²`` of the recovery path."""
+    return coef[i] + eta * (2.0 * coef[i + 1] + eta * coef[i + 2])
+
+
 @cached_njit(fastmath=_FASTMATH)
 def _margins(eta, coef, rho, tau, kappa, cnorm2, use_reward):
     """(scaled full margin, scaled reward margin) at η from the precomputed polynomials;
     the reward margin is +inf when the reward-space condition is dropped (ablation)."""
     a = coef[0] + eta * coef[1]
-    q = coef[2] + eta * (2.0 * coef[3] + eta * coef[4])
-    w = coef[5] + eta * (2.0 * coef[6] + eta * coef[7])
+    full = (a - rho * _sqrt0(_quad(coef, 5, eta)) - tau * kappa * _sqrt0(_quad(coef, 2, eta))
+            ) / (kappa * kappa)
     ar = coef[8] + eta * coef[9]
-    wr = coef[10] + eta * (2.0 * coef[11] + eta * coef[12])
-    full = (a - rho * _sqrt0(w) - tau * kappa * _sqrt0(q)) / (kappa * kappa)
-    reward = (ar - rho * _sqrt0(wr)) / cnorm2 if use_reward else math.inf
+    reward = (ar - rho * _sqrt0(_quad(coef, 10, eta))) / cnorm2 if use_reward else math.inf
     return full, reward
 
 
@@ -327,24 +334,20 @@ def _eta_star(coef, rho, tau, kappa, cnorm2, use_reward, binary):
         if lo < 0.0 and _feasible(f, r):
             lo = x2
         while lo < 0.0 and b - a > ETA_TOL:
-            if h1 < h2:
-                a = x1
-                x1 = x2
-                h1 = h2
-                x2 = a + GOLDEN * (b - a)
-                f, r = _margins(x2, coef, rho, tau, kappa, cnorm2, use_reward)
-                h2 = min(f, r)
-                if _feasible(f, r):
-                    lo = x2
+            right = h1 < h2
+            if right:
+                a, x1, h1 = x1, x2, h2
+                x = x2 = a + GOLDEN * (b - a)
             else:
-                b = x2
-                x2 = x1
-                h2 = h1
-                x1 = b - GOLDEN * (b - a)
-                f, r = _margins(x1, coef, rho, tau, kappa, cnorm2, use_reward)
+                b, x2, h2 = x2, x1, h1
+                x = x1 = b - GOLDEN * (b - a)
+            f, r = _margins(x, coef, rho, tau, kappa, cnorm2, use_reward)
+            if right:
+                h2 = min(f, r)
+            else:
                 h1 = min(f, r)
-                if _feasible(f, r):
-                    lo = x1
+            if _feasible(f, r):
+                lo = x
         if lo < 0.0:
             return -1.0
     hi = 1.0
@@ -372,7 +375,7 @@ def _recover(offsets, boffsets, status, eta, accepted, m_full, m_reward, ref0, r
     tmp = np.empty((width, width))
     vs = np.zeros((max(width, 1), max(width, 1)))
     vecs = np.empty((16, width))
-    coef = np.empty(13)
+    coef = np.empty(16)
     n_taus = taus.size
     for q in range(offsets.size - 1):
         lo_idx = offsets[q]
@@ -385,22 +388,11 @@ def _recover(offsets, boffsets, status, eta, accepted, m_full, m_reward, ref0, r
         if st != OK or n < 2:
             continue
         c = centers[lo_idx:lo_idx + n]
-        kc = vecs[0]
-        g = vecs[1]
-        a0 = vecs[2]
-        d = vecs[3]
-        ka0 = vecs[4]
-        kd = vecs[5]
-        v0 = vecs[6]
-        vd = vecs[7]
-        ref = vecs[8]
-        y = vecs[9]
-        w = vecs[10]
-        lo = vecs[11]
-        ld = vecs[12]
-        diag = vecs[13]
-        off = vecs[14]
-        rhs = vecs[15]
+        # (indexed, not unpacked: unpacked rows lose their contiguity, and the sums' order)
+        kc, g, a0, d = vecs[0], vecs[1], vecs[2], vecs[3]
+        ka0, kd, v0, vd = vecs[4], vecs[5], vecs[6], vecs[7]
+        ref, y, w, lo = vecs[8], vecs[9], vecs[10], vecs[11]
+        ld, diag, off, rhs = vecs[12], vecs[13], vecs[14], vecs[15]
         _matvec(gram, base, n, c, kc)
         ckc = _dot(c, kc, n)
         cnorm2 = _dot(c, c, n)
@@ -408,20 +400,11 @@ def _recover(offsets, boffsets, status, eta, accepted, m_full, m_reward, ref0, r
         if cnorm2 == 0.0 or not ckc > ZERO_CENTER_RTOL * scale * cnorm2:
             continue
         kappa = math.sqrt(ckc)
-        # H = R K R by BLAS on contiguous n x n views (4x faster than loops at n=16).
         kmat = gram[base:base + n * n].reshape(n, n)
         rmat = root[base:base + n * n].reshape(n, n)
         kr = scratch_a[:n * n].reshape(n, n)
         hmat = scratch_b[:n * n].reshape(n, n)
-        np.dot(kmat, rmat, kr)
-        np.dot(rmat, kr, hmat)
-        trace = 0.0
-        for i in range(n):
-            for j in range(i + 1, n):
-                sym = 0.5 * (hmat[i, j] + hmat[j, i])
-                hmat[i, j] = sym
-                hmat[j, i] = sym
-            trace += hmat[i, i]
+        trace = _rkr(kmat, rmat, kr, hmat, n)
         _matvec(root, base, n, kc, g)
         if not (math.isfinite(trace) and math.isfinite(_dot(g, g, n))):
             status[q] = OVERFLOW
@@ -463,9 +446,9 @@ def _recover(offsets, boffsets, status, eta, accepted, m_full, m_reward, ref0, r
         coef[10] = _dot(v0, v0, n)
         coef[11] = _dot(v0, vd, n)
         coef[12] = _dot(vd, vd, n)
-        qr0 = _dot(a0, a0, n)
-        qr1 = _dot(a0, d, n)
-        qr2 = _dot(d, d, n)
+        coef[13] = _dot(a0, a0, n)
+        coef[14] = _dot(a0, d, n)
+        coef[15] = _dot(d, d, n)
         cnorm = math.sqrt(cnorm2)
         for t in range(n_taus):
             e = _eta_star(coef, rho, taus[t], kappa, cnorm2, use_reward, binary)
@@ -474,13 +457,11 @@ def _recover(offsets, boffsets, status, eta, accepted, m_full, m_reward, ref0, r
             accepted[q, t] = ok
             eta[q, t] = e
             a = coef[0] + e * coef[1]
-            qq = coef[2] + e * (2.0 * coef[3] + e * coef[4])
-            ww = coef[5] + e * (2.0 * coef[6] + e * coef[7])
-            m_full[q, t] = (a - rho * _sqrt0(ww)) / (_sqrt0(qq) * kappa)
+            m_full[q, t] = (a - rho * _sqrt0(_quad(coef, 5, e))) / (
+                _sqrt0(_quad(coef, 2, e)) * kappa)
             ar = coef[8] + e * coef[9]
-            wr = coef[10] + e * (2.0 * coef[11] + e * coef[12])
-            qr = qr0 + e * (2.0 * qr1 + e * qr2)
-            m_reward[q, t] = (ar - rho * _sqrt0(wr)) / (_sqrt0(qr) * cnorm)
+            m_reward[q, t] = (ar - rho * _sqrt0(_quad(coef, 10, e))) / (
+                _sqrt0(_quad(coef, 13, e)) * cnorm)
 
 
 _recover_kernel = compile_serial(_recover, FASTMATH)
