@@ -1273,6 +1273,10 @@ def read_log(
             plan, digest = _read_npz(path_read, fmt, plan_for, on_bad_row, max_bytes)
     except MemoryError:
         raise LogError("out of memory while reading") from None
+    except UnicodeDecodeError as exc:  # e.g. column names that are not UTF-8
+        raise LogError(f"not UTF-8 text ({exc.reason} at byte {exc.start}); if the file is "
+                       "compressed with a codec other than gzip, zstd or bz2, decompress it "
+                       "first") from None
     finally:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
