@@ -393,8 +393,8 @@ class GradientCapture:
 
     def __enter__(self) -> GradientCapture:
         if self._state != "new":
-            raise RuntimeError("a GradientCapture records one forward pass; create a new one "
-                               "for each batch.")
+            raise ValueError("this GradientCapture was already used: a capture records one "
+                             "forward pass; create a new one for each batch.")
         self._state = "recording"
         self._records = [[] for _ in self._layers]
         try:
@@ -467,10 +467,11 @@ class GradientCapture:
         if output not in OUTPUTS:
             raise ValueError(f"`output` must be one of {OUTPUTS}; got {output!r}.")
         if self._state == "new":
-            raise RuntimeError("run the forward pass inside `with capture:` before gram().")
+            raise ValueError("`objectives` were not produced under this capture: run the "
+                             "forward pass inside `with capture:` before gram().")
         if self._state == "done":
-            raise RuntimeError("gram() was already called on this capture (it releases the "
-                               "recorded activations); create a new GradientCapture.")
+            raise ValueError("gram() was already called on this capture (it releases the "
+                             "recorded activations); create a new GradientCapture.")
         if not torch.is_tensor(objectives):
             raise TypeError(f"`objectives` must be a torch.Tensor; got "
                             f"{type(objectives).__name__}.")
@@ -506,8 +507,8 @@ class GradientCapture:
                                          retain_graph=True, allow_unused=True)
         except RuntimeError as exc:
             if "backward through the graph a second time" in str(exc):
-                raise RuntimeError("the graph was freed (a backward pass ran first): call "
-                                   "gram() before the trainer's backward.") from exc
+                raise ValueError("the graph of `objectives` was freed (a backward pass ran "
+                                 "first): call gram() before the trainer's backward.") from exc
             raise
         if all(d is None for d in deltas):
             raise ValueError("`objectives` was not produced under the capture: it does not "

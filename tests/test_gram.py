@@ -551,9 +551,9 @@ def test_gram_bad_input() -> None:
     with pytest.raises(ValueError, match="batch_dim"):  # a sub-batch is not the responses
         capture.gram(objectives[:3], group_size=3)
     capture.gram(objectives, group_size=3)
-    with pytest.raises(RuntimeError, match="already called"):
+    with pytest.raises(ValueError, match="already called"):
         capture.gram(objectives, group_size=3)
-    with pytest.raises(RuntimeError, match="one forward pass"):
+    with pytest.raises(ValueError, match="one forward pass"):
         with capture:
             pass
 
@@ -570,12 +570,12 @@ def test_gram_bad_input() -> None:
         objectives_of(model, batch)
     with pytest.raises(ValueError, match="not produced under the capture"):
         capture.gram(outside, group_size=3)
-    with pytest.raises(RuntimeError, match="forward pass inside"):
+    with pytest.raises(ValueError, match="forward pass inside"):
         GradientCapture(model).gram(outside, group_size=3)
 
     capture, objectives = fresh()
     objectives.sum().backward()
-    with pytest.raises(RuntimeError, match="before the trainer's backward"):
+    with pytest.raises(ValueError, match="before the trainer's backward"):
         capture.gram(objectives, group_size=3)
 
     for bad, name in (({"sketch_dim": 0}, "sketch_dim"), ({"seed": -1}, "seed"),
