@@ -143,7 +143,8 @@ def _advantage_case(groups: int, none_fraction: float) -> Case | None:
     }
 
     def notes(rounds: Rounds) -> list[str]:
-        trip_ratio = rounds.paired_ratio(trip, base) or 0.0
+        # The round trip is too fast to share rounds with the others: best over best.
+        trip_ratio = rounds.paired_ratio(trip, base) or rounds.best(trip) / rounds.best(base)
         lines = []
         for name in candidates:
             ratio = rounds.paired_ratio(name, base)
