@@ -1,4 +1,4 @@
-"""Bad input to the point estimators and layout helpers (DESIGN §8).
+"""Bad input to the point estimators and layout helpers.
 
 Every error names the argument; the fuzz test accepts only advcal's own ValueError or
 TypeError, never an exception from inside numpy/numba, a crash, or a NaN output.

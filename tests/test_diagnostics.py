@@ -1,4 +1,4 @@
-"""Scale diagnostics and the direction cosine (DESIGN §3): hand-derived values,
+"""Scale diagnostics and the direction cosine: hand-derived values,
 definitions re-derived independently, layouts, bad input."""
 
 from __future__ import annotations

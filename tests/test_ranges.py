@@ -1,4 +1,4 @@
-"""Range-GRPO interval advantages (DESIGN §5): relations, kernels, properties, layouts."""
+"""Range-GRPO interval advantages: relations, kernels, properties, layouts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GGSR (advcal.recover): anchor, recovery ratio, kernel == reference (DESIGN §6.2)."""
+"""GGSR (advcal.recover): anchor, recovery ratio, kernel == reference."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def roots(sets) -> np.ndarray:
 
 def projections(a: np.ndarray, c: np.ndarray, shape: np.ndarray, k: np.ndarray, rho: float
                 ) -> tuple[float, float]:
-    """M_full and M_reward of DESIGN §6.2, straight from the formula."""
+    """M_full and M_reward straight from their definitions (projections along the recovery path)."""
     ka = k @ a
     full = (ka @ c - rho * np.sqrt(max(ka @ shape @ ka, 0))) / (
         np.sqrt(a @ ka) * np.sqrt(c @ k @ c))

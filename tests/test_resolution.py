@@ -1,4 +1,4 @@
-"""Reward-Resolution Protocol and MaxNorm-AC (DESIGN §3): hand-derived values, every
+"""Reward-Resolution Protocol and MaxNorm-AC: hand-derived values, every
 guarantee as a property, kernel == numpy reference, layouts, bad input."""
 
 from __future__ import annotations

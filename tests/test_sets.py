@@ -1,4 +1,4 @@
-"""JRSC (advcal.sets): Jacobians, calibration, sets, coverage and volume (DESIGN §6.1)."""
+"""JRSC (advcal.sets): Jacobians, calibration, sets, coverage and volume."""
 
 from __future__ import annotations
 
@@ -298,7 +298,7 @@ def test_end_to_end_coverage_agrees_with_scores(shape: str) -> None:
 
 
 def test_joint_shape_is_smaller_than_the_ball_when_noise_is_small() -> None:
-    # DESIGN §6.1: the joint set pays off where linearization holds (small grader noise
+    # The joint set pays off where linearization holds (small grader noise
     # against the within-group spread); both sets are calibrated to the same coverage.
     cal_pair = paired_scorings(2000, 8, noise="heteroscedastic", scale=0.01, seed=21)
     test = paired_scorings(4000, 8, noise="heteroscedastic", scale=0.01, seed=22)
