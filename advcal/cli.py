@@ -626,8 +626,9 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 _LEGEND = (
     ("1/s P50..max", "inverse scale 1/s_q, the prompt's weight in the batch, over the "
                      "informative groups (percentiles, linear interpolation): GRPO "
-                     "1/(std_q + eps) (ddof 1); Dr.GRPO, RLOO 1; MaxNorm "
-                     "1/max(max_i |u_i|, tau_res), at most 1/tau_res"),
+                     "1/(std_q + eps) (ddof 1); Dr.GRPO, RLOO, OPO 1; batch_std "
+                     "1/(std_batch + eps); MaxNorm 1/max(max_i |u_i|, tau_res), at most "
+                     "1/tau_res; the other methods' scales: help(advcal.scale_diagnostics)"),
     ("zero-gap", "fraction of the groups with >= 2 responses the method skips (all rewards "
                  "equal; for MaxNorm with --resolution, all binned rewards equal): weight 0"),
     ("beta_eff min/max", "beta_eff,q = beta * s_q, the KL coefficient on the reward's own "

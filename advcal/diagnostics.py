@@ -311,9 +311,7 @@ def scale_diagnostics(
       interpolation) and max.
     * **zero-gap fraction**: among groups with two or more responses, the fraction the
       method skips (all rewards equal; for MaxNorm with ``resolution``, all binned
-      rewards equal; for estimators that divide by ``std + eps`` with ``eps=0`` also a
-      gap so small that its standard deviation underflows to 0; for pass@k a tie for
-      the best reward).
+      rewards equal; for pass@k a tie for the best reward).
     * **beta_eff range**: min and max of beta_eff,q = beta * s_q (``grpo_kl_comp``, GRPO
       with beta_q = beta / s_q: beta for every group).
     * **R/KL**: the reward-to-KL ratio on the cardinal reward scale,
