@@ -4,7 +4,8 @@ Two compiled kernels, serial loops over groups that read each group twice (stati
 then output) and write only their own slices, so ``pool.run_over_groups`` may run them on
 chunks of groups from several threads with results independent of the thread count:
 ``_plain`` for the common call (``maxnorm`` without binning, clipping or omitted NaN) and
-``_groups`` for everything else, ``resolve`` included.  Both go through ``_group_scale``
+``_groups`` for everything else, ``resolve`` included (which bins the whole chunk in one
+pass first).  Both go through ``_group_scale``
 and ``_weight``; the dead-zone rule is ``_dead``.  Arithmetic is float64 whatever the
 reward dtype.  See ``maxnorm_numpy`` for the shared arguments; both functions return the
 wrapper's checks ``ok`` (no group with a non-finite valid reward or max |u|) and
@@ -107,31 +108,28 @@ def _valid(g, omit_nan):
 
 
 @njit(inline="always")
-def _scan(g, o, lo, hi, clip, inv_delta, kmax, omit_nan, write):
+def _scan(g, lo, hi, clip, inv_delta, kmax, omit_nan, with_sum):
     """Statistics of the valid rewards of one group: count, shift (the first binned
     reward: a zero-gap group then centers to exact 0), sum of binned rewards minus the
-    shift, smallest and largest binned reward, whether a reward is not finite, and
-    whether one lies outside ``[lo, hi]``.  ``write`` (resolve) also writes the binned
-    rewards to ``o`` (omitted NaN stay NaN) and takes no sum: a write in the summing loop
-    lets the sum's order depend on where the output lies.  An omitted NaN is replaced by
-    the first valid reward, which adds 0 and moves no extreme."""
+    shift (if ``with_sum``), smallest and largest binned reward, whether a reward is not
+    finite, and whether one lies outside ``[lo, hi]``.  Reads only, so the sum's order
+    cannot depend on where the output lies.  An omitted NaN is replaced by the first
+    valid reward, which adds 0 and moves no extreme."""
     n, start = _valid(g, omit_nan)
     if n == 0:
-        if write:
-            for i in range(g.size):
-                o[i] = g[i]
         return 0, 0.0, 0.0, math.inf, -math.inf, False, False
     first = np.float64(g[start])
     shift = _bin(first, lo, hi, clip, inv_delta, kmax)
     total = 0.0
+    if with_sum:  # (a loop of its own: a branch in the loop below keeps it scalar)
+        for i in range(g.size):
+            v = np.float64(g[i])
+            v = first if omit_nan and math.isnan(v) else v
+            total += _bin(v, lo, hi, clip, inv_delta, kmax) - shift
     low = high = _key(first)
     for i in range(g.size):
         v = np.float64(g[i])
-        if write:
-            o[i] = _bin(v, lo, hi, clip, inv_delta, kmax)
         v = first if omit_nan and math.isnan(v) else v
-        if not write:
-            total += _bin(v, lo, hi, clip, inv_delta, kmax) - shift
         low = min(low, _key(v))
         high = max(high, _key(v))
     vmin = _unkey(low)
@@ -144,18 +142,23 @@ def _scan(g, o, lo, hi, clip, inv_delta, kmax, omit_nan, write):
 
 def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi, clip,
             inv_delta, kmax, omit_nan, weights, out):
-    """Binned rewards (``weights`` False: omitted NaN stay NaN) or MaxNorm weights
-    (omitted NaN get 0) into ``out``; ``keep`` and ``scale`` per group unless empty (not
+    """MaxNorm weights (omitted NaN get 0) or, ``weights`` False, binned rewards (omitted
+    NaN stay NaN) into ``out``; ``keep`` and ``scale`` per group unless empty (not
     requested).  Returns (groups with a non-finite reward or max |u|, groups with a valid
     reward outside ``[lo, hi]``)."""
+    if not weights:  # one pass over the chunk: a long loop vectorizes, short groups not
+        chunk = x[offsets[0]:offsets[offsets.size - 1]]
+        binned = out[offsets[0]:offsets[offsets.size - 1]]
+        for i in range(chunk.size):
+            binned[i] = _bin(np.float64(chunk[i]), lo, hi, clip, inv_delta, kmax)
     per_group = keep.size > 0
     n_bad = 0
     n_out = 0
     for q in range(offsets.size - 1):
         g = x[offsets[q]:offsets[q + 1]]
         o = out[offsets[q]:offsets[q + 1]]
-        n, shift, total, bmin, bmax, bad, outside = _scan(g, o, lo, hi, clip, inv_delta,
-                                                          kmax, omit_nan, not weights)
+        n, shift, total, bmin, bmax, bad, outside = _scan(g, lo, hi, clip, inv_delta, kmax,
+                                                          omit_nan, weights)
         n_out += outside
         if per_group:
             keep[q] = n >= 2 and bmin != bmax
@@ -221,25 +224,18 @@ _NO_SCALE = np.empty(0)
 _NO_KEEP = np.empty(0, dtype=np.bool_)
 
 
-def _run(x, offsets, scale, keep, tau, loo, dead_zone, raw_singletons, lo, hi, clip,
-         inv_delta, kmax, omit_nan, weights, threaded):
-    out = np.empty_like(x)
-    if weights and not (clip or inv_delta != 0.0 or omit_nan):
-        chunks = run_over_groups(_plain_kernel, offsets, (scale, keep), x, tau, loo,
-                                 dead_zone, raw_singletons, lo, hi, out, threaded=threaded)
-    else:
-        chunks = run_over_groups(_groups_kernel, offsets, (scale, keep), x, tau, loo,
-                                 dead_zone, raw_singletons, lo, hi, clip, inv_delta, kmax,
-                                 omit_nan, weights, out, threaded=threaded)
+def _sums(chunks):
     n_bad, n_out = chunks[0] if len(chunks) == 1 else np.sum(chunks, axis=0)
-    return out, n_bad == 0, n_out == 0
+    return n_bad == 0, n_out == 0
 
 
 def resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan, threaded=None):
     keep = np.empty(offsets.size - 1, dtype=np.bool_)
-    out, ok, in_bounds = _run(x, offsets, _NO_SCALE, keep, 1.0, False, 0.0, False, lo, hi,
-                              clip, inv_delta, kmax, omit_nan, False, threaded)
-    return out, keep, ok, in_bounds
+    out = np.empty_like(x)
+    chunks = run_over_groups(_groups_kernel, offsets, (_NO_SCALE, keep), x, 1.0, False, 0.0,
+                             False, lo, hi, clip, inv_delta, kmax, omit_nan, False, out,
+                             threaded=threaded)
+    return (out, keep, *_sums(chunks))
 
 
 def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta,
@@ -248,6 +244,12 @@ def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta
     if per_group:
         scale = np.empty(offsets.size - 1)
         keep = np.empty(offsets.size - 1, dtype=np.bool_)
-    out, ok, in_bounds = _run(x, offsets, scale, keep, tau, loo, dead_zone, raw_singletons,
-                              lo, hi, clip, inv_delta, kmax, omit_nan, True, threaded)
-    return out, scale, keep, ok, in_bounds
+    out = np.empty_like(x)
+    if not (clip or inv_delta != 0.0 or omit_nan):
+        chunks = run_over_groups(_plain_kernel, offsets, (scale, keep), x, tau, loo,
+                                 dead_zone, raw_singletons, lo, hi, out, threaded=threaded)
+    else:
+        chunks = run_over_groups(_groups_kernel, offsets, (scale, keep), x, tau, loo,
+                                 dead_zone, raw_singletons, lo, hi, clip, inv_delta, kmax,
+                                 omit_nan, True, out, threaded=threaded)
+    return (out, scale, keep, *_sums(chunks))
