@@ -1,15 +1,14 @@
 """Numba engine for the Reward-Resolution Protocol and MaxNorm-AC; oracle: ``maxnorm_numpy``.
 
-Two compiled kernels, serial loops over groups that read each group twice (statistics,
-then output) and write only their own slices, so ``pool.run_over_groups`` may run them on
-chunks of groups from several threads with results independent of the thread count:
-``_plain`` for the common call (``maxnorm`` without binning, clipping or omitted NaN) and
-``_groups`` for everything else, ``resolve`` included (which bins the whole chunk in one
-pass first).  Both go through ``_group_scale``
-and ``_weight``; the dead-zone rule is ``_dead``.  Arithmetic is float64 whatever the
-reward dtype.  See ``maxnorm_numpy`` for the shared arguments; both functions return the
-wrapper's checks ``ok`` (no group with a non-finite valid reward or max |u|) and
-``in_bounds`` (no valid reward outside ``[lo, hi]``).
+Two compiled kernels, serial loops over groups that write only their own slices, so
+``pool.run_over_groups`` may run them on chunks of groups from several threads with
+results independent of the thread count: ``_plain`` for the common call (``maxnorm``
+without binning, clipping or omitted NaN) and ``_groups`` for everything else, ``resolve``
+included.  Both go through ``_group_scale`` and ``_weight``; the dead-zone rule is
+``_dead``.  Arithmetic is float64 whatever the reward dtype.  See ``maxnorm_numpy`` for
+the shared arguments; both functions also return the wrapper's checks ``ok`` (no group
+with a non-finite valid reward or max |u|) and ``in_bounds`` (no valid reward outside
+``[lo, hi]``).
 """
 from __future__ import annotations
 
