@@ -67,6 +67,11 @@ def _length_reward(completions, **kwargs):
     return [len(c) / 10 for c in completions]
 
 
+def _spread_reward(completions, **kwargs):
+    # distinct rewards within a group, deterministic in the text
+    return [(sum(map(ord, c)) * 7919 % 1009) / 1009 for c in completions]
+
+
 def _sometimes_none(completions, **kwargs):
     # None for every third completion: TRL leaves those out of their group.
     return [None if i % 3 == 0 else float(len(c) % 4) for i, c in enumerate(completions)]
@@ -185,15 +190,20 @@ def test_range_mode_uses_conformal_ranges(tmp_path) -> None:
     assert run.state.log_history[0]["advcal/range_width_mean"] > 0
 
 
+TAU = 0.3
+
+
 def test_setgrpo_mode_uses_a_real_gram_and_a_loaded_calibration(tmp_path) -> None:
     rng = np.random.default_rng(1)
     clean = rng.uniform(0, 1, (300, G))
-    a = clean + rng.normal(0, 0.02, clean.shape)
-    b = clean + rng.normal(0, 0.02, clean.shape)
+    # noisy graders: sets wide enough that the gate binds on some groups
+    a = clean + rng.normal(0, 0.1, clean.shape)
+    b = clean + rng.normal(0, 0.1, clean.shape)
     calibration = advcal.calibrate_sets(a, b, alpha=0.2)
     path = tmp_path / "sets.npz"
     advcal.save_calibration(path, calibration)
-    layers = ["lm_head", "model.layers.1.mlp.down_proj"]
+    # TRL computes log-probabilities through a fused LM head, which never calls lm_head.
+    layers = ["model.layers.1.mlp.down_proj", "model.layers.1.self_attn.o_proj"]
 
     class Checked(_Recording):
         def _compute_loss(self, model, inputs):
@@ -204,7 +214,10 @@ def test_setgrpo_mode_uses_a_real_gram_and_a_loaded_calibration(tmp_path) -> Non
             att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
             logps, _, _ = trl.GRPOTrainer._get_per_token_logps_and_entropies(
                 self, model, ids, att, inputs["completion_ids"].size(1))
-            objectives = response_objectives(logps, inputs["completion_mask"])
+            objectives = response_objectives(  # the trainer's loss normalisation
+                logps, inputs["completion_mask"], loss_type=self.loss_type,
+                max_completion_length=self.max_completion_length,
+                num_items_in_batch=inputs.get("num_items_in_batch"))
             params = [model.get_submodule(name).weight for name in layers]
             grads = [torch.cat([g.reshape(-1) for g in torch.autograd.grad(
                 j, params, retain_graph=True)]) for j in objectives]
@@ -212,12 +225,20 @@ def test_setgrpo_mode_uses_a_real_gram_and_a_loaded_calibration(tmp_path) -> Non
             gram = (flat @ flat.T).numpy()
             groups = inputs["advcal_group"].numpy()
             rewards = inputs["advcal_rewards"].numpy().astype(np.float64)
+            # TRL shuffled the batch: gather each group's rows and columns
             order = np.argsort(groups, kind="stable")
             blocks = [gram[np.ix_(order[i:i + G], order[i:i + G])].ravel()
                       for i in range(0, groups.size, G)]
-            expected = advcal.setgrpo(rewards[order], advcal.offsets_from_sizes(
+            result = advcal.setgrpo(rewards[order], advcal.offsets_from_sizes(
                 [G] * (groups.size // G)), gram=np.concatenate(blocks),
-                calibration=calibration, tau=0.2).coefficients
+                calibration=calibration, tau=TAU)
+            expected = result.coefficients
+            self.etas.extend(result.eta.tolist())
+            # the Gram matters: with K = I the coefficients would differ
+            plain = advcal.setgrpo(rewards[order], advcal.offsets_from_sizes(
+                [G] * (groups.size // G)), gram=np.concatenate([np.eye(G).ravel()] * (
+                    groups.size // G)), calibration=calibration, tau=TAU).coefficients
+            self.gram_mattered |= not np.allclose(plain, expected)
             loss = super()._compute_loss(model, inputs)
             got = inputs["advantages"].detach().numpy()[order]
             np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
@@ -230,14 +251,18 @@ def test_setgrpo_mode_uses_a_real_gram_and_a_loaded_calibration(tmp_path) -> Non
         output_dir=None, per_device_train_batch_size=8, num_generations=G,
         max_completion_length=6, max_steps=2, report_to=[], use_cpu=True,
         save_strategy="no", learning_rate=1e-2, logging_steps=1, seed=0, disable_tqdm=True)
-    trainer = Checked(model=_model(tok), reward_funcs=_length_reward, args=config,
+    trainer = Checked(model=_model(tok), reward_funcs=_spread_reward, args=config,
                       train_dataset=dataset, processing_class=tok, advantage="setgrpo",
-                      calibration=str(path), tau=0.2, gram_layers=layers)
+                      calibration=str(path), tau=TAU, gram_layers=layers)
+    trainer.etas, trainer.gram_mattered = [], False
     trainer.train()
     assert trainer.checked == 2
+    # some groups pass the gate and some do not, and K decided it
+    assert 0 < sum(eta > 0 for eta in trainer.etas) < len(trainer.etas)
+    assert trainer.gram_mattered
     logged = trainer.state.log_history[0]
     assert 0 <= logged["advcal/accepted_fraction"] <= 1
-    assert logged["advcal/tau"] == 0.2
+    assert logged["advcal/tau"] == TAU
 
 
 def test_setgrpo_needs_whole_groups_in_the_loss() -> None:

@@ -448,9 +448,10 @@ class AdvcalGRPOMixin:
         )
         groups = inputs["advcal_group"].cpu().numpy()
         rewards = inputs["advcal_rewards"].detach().cpu().numpy().astype(np.float64)
-        gram = capture.gram(objectives, group_ids=groups)  # blocks in sorted label order
-        order = np.argsort(groups, kind="stable")
-        sizes = np.unique(groups, return_counts=True)[1]
+        gram = capture.gram(objectives, group_ids=groups)
+        # the blocks' layout: groups in order of first appearance, members in batch order
+        index = advcal.groups_from_ids(groups)
+        order, sizes = index.order, np.diff(index.offsets)
         # Unscorable completions leave their group: drop their rows and columns.
         rows, blocks, kept_sizes = [], [], []
         block_start = row_start = 0
