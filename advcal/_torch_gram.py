@@ -373,12 +373,17 @@ class GradientCapture:
             raise TypeError(f"`batch_dim` must be an integer; got {batch_dim!r}.")
         self._model = model
         self._layers = _resolve_layers(model, layers)
+        # Layers named one by one must run; layers chosen by a rule (all, LoRA, a predicate)
+        # may not (a fused LM head uses its weight without calling the module).
+        self._named = not (layers is None or isinstance(layers, str)
+                           or (callable(layers) and not isinstance(layers, torch.nn.Module)))
         self._sketch_dim = None if sketch_dim is None else int(sketch_dim)
         self._seed = int(seed)
         self._sketch = sketch
         self._batch_dim = int(batch_dim)
         self._handles: list[Any] = []
         self._records: list[list[tuple[Any, int, Any, int]]] | None = None
+        self._silent: set[int] = set()
         self._state = "new"
 
     @property
@@ -386,8 +391,10 @@ class GradientCapture:
         return [layer.name for layer in self._layers]
 
     def parameters(self) -> list[Any]:
-        """The parameters whose gradients the Gram matrix covers, layer by layer."""
-        return [p for layer in self._layers for p in layer.parameters()]
+        """The parameters whose gradients the Gram matrix covers, layer by layer (after
+        :meth:`gram`, only the selected layers that ran in the forward pass)."""
+        return [p for i, layer in enumerate(self._layers) if i not in self._silent
+                for p in layer.parameters()]
 
     # ------------------------------------------------------------------ hooks
 
@@ -492,6 +499,15 @@ class GradientCapture:
         if not flat:
             raise ValueError("`objectives` was not produced under the capture: no selected "
                              "layer ran with gradients enabled inside the `with` block.")
+        silent = [layer.name for layer, recs in zip(self._layers, records, strict=True)
+                  if not recs]
+        if silent and self._named:
+            raise ValueError(f"`layers`: {silent} did not run in the forward pass (a fused "
+                             "LM head, for example, uses its weight without calling the "
+                             "module), so K cannot cover their gradients; leave them out.")
+        # Chosen by a rule: K covers the layers that ran (their indices keep the sketch's
+        # per-layer seeds).
+        self._silent = {i for i, recs in enumerate(records) if not recs}
         for index, (x, x_version, y, y_version) in flat:
             if x._version != x_version or y._version != y_version:
                 what = "input" if x._version != x_version else "output"

@@ -727,3 +727,27 @@ def test_setgrpo_with_captured_gram_equals_brute_force() -> None:
     assert got.accepted.any()
     np.testing.assert_allclose(got.coefficients, want.coefficients, rtol=1e-8, atol=1e-12)
     np.testing.assert_allclose(got.eta, want.eta, rtol=1e-8, atol=1e-12)
+
+
+class FusedHeadMLP(TokenMLP):
+    """fc2's weight is used through F.linear, as a fused LM head does: its hook never fires."""
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        hidden = torch.tanh(self.fc1(self.embed(ids)))
+        return nn.functional.linear(hidden, self.fc2.weight, self.fc2.bias)
+
+
+def test_a_layer_that_never_runs() -> None:
+    torch.manual_seed(0)
+    model = FusedHeadMLP().double()
+    batch = make_batch(6)
+    # named one by one, it must run: K could not cover its gradients
+    with pytest.raises(ValueError, match=r"\['fc2'\] did not run"):
+        captured(model, batch, {"offsets": np.array([0, 3, 6])}, layers=["fc1", "fc2"])
+    # chosen by a rule, K covers the layers that ran, and parameters() says which
+    gram, capture = captured(model, batch, {"offsets": np.array([0, 3, 6])})
+    assert capture.parameters() == [model.fc1.weight, model.fc1.bias]
+    expected = brute_force(model, batch, [model.fc1.weight, model.fc1.bias])
+    layout = {"offsets": np.array([0, 3, 6])}
+    assert relative_error(gram, layout_blocks(expected, layout)) <= 1e-10
