@@ -285,12 +285,14 @@ def test_setgrpo_needs_whole_groups_in_the_loss() -> None:
     ({"advantage": "setgrpo"}, "SetCalibration"),
     ({"advantage": "maxnorm"}, "tau_res"),
     ({"advantage": "grpo", "tau": 0.1}, "tau"),
+    ({"advantage": "grpo", "advantage_options": {"tau_res": 0.1}}, "no option 'tau_res'"),
+    ({"advantage": "range", "advantage_options": {"eps": 0.1}}, "RangeCalibration"),
 ])
 def test_bad_settings_name_the_argument(kwargs, match) -> None:
     tok = _tokenizer()
     dataset = datasets.Dataset.from_dict({"prompt": ["a b c"] * 4})
     config = trl.GRPOConfig(output_dir=None, per_device_train_batch_size=4, num_generations=G,
                             max_steps=1, report_to=[], use_cpu=True, save_strategy="no")
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         _Recording(model=_model(tok), reward_funcs=_length_reward, args=config,
                    train_dataset=dataset, processing_class=tok, **kwargs)

@@ -97,8 +97,15 @@ def _settings_iv(advantage: Any, options: Any, calibration: Any, tau: Any, layer
                              "ThresholdSelection (advcal.select_threshold) or its path.")
     elif tau is not None:
         raise ValueError(f"`tau` is for advantage='setgrpo'; got advantage={mode!r}.")
-    if mode in ("dr_grpo", "rloo", "maxnorm"):
-        # Checked once here, so that each batch calls the estimator directly.
+    # Checked once here, so that each batch calls the estimator directly ("grpo" may run
+    # grpo, batch_std or dr_grpo by TRL's scale_rewards: its options must suit grpo).
+    if mode == "range":
+        check_keywords(advcal.range_advantages, mode, options)
+    elif mode == "setgrpo":
+        if options:
+            raise ValueError("advantage='setgrpo' takes no advantage_options: its options "
+                             "are `calibration`, `tau` and the gram_* arguments.")
+    else:
         check_keywords(REGISTRY[mode].function, mode, options)
     if mode == "maxnorm" and "tau_res" not in options:
         raise ValueError("advantage='maxnorm' needs advantage_options={'tau_res': ...}: the "
