@@ -111,19 +111,20 @@ def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, omit_nan, divisor
             # squares underflow (subnormal rewards): flagged, the caller retries rescaled.
             for i in range(g.size):
                 ok &= g[i] == shift or math.isnan(g[i])
+        # No |advantage| exceeds the norm: only a norm near the limit (with room for
+        # rounding) needs each value checked.  Checked before the output loop, which
+        # then compiles to a faster copy.
+        if ok and not norm < 0.25 * limit * limit:
+            for i in range(g.size):
+                a = 0.0 if omit_nan and math.isnan(g[i]) else ((g[i] - shift) - mean) * factor
+                ok &= abs(a) <= limit
+        n_bad += not ok
         if omit_nan:
             for i in range(g.size):
                 o[i] = 0.0 if math.isnan(g[i]) else ((g[i] - shift) - mean) * factor
         else:
             for i in range(g.size):
                 o[i] = ((g[i] - shift) - mean) * factor
-        # No |advantage| exceeds the norm: only a norm near the limit (with room for
-        # rounding) needs each value checked, which keeps the common loop a plain copy.
-        if ok and not norm < 0.25 * limit * limit:
-            for i in range(g.size):
-                a = 0.0 if omit_nan and math.isnan(g[i]) else ((g[i] - shift) - mean) * factor
-                ok &= abs(a) <= limit
-        n_bad += not ok
     return n_bad
 
 
