@@ -92,8 +92,12 @@ Rerun = Callable[[np.ndarray, int, np.ndarray, slice], tuple[np.ndarray, bool]]
 
 def _pow2(x: float, k: int) -> float:
     """``x * 2**-k`` without overflowing on the way (inf where the product does)."""
-    with np.errstate(over="ignore", under="ignore"):
-        return float(np.ldexp(np.float64(x), -k))
+    if k == 0:  # every call but the rescaled retries: no float work at all
+        return x
+    try:
+        return math.ldexp(x, -k)
+    except OverflowError:
+        return math.copysign(math.inf, x)
 
 
 def _finish(call: _Call, result: tuple[np.ndarray, bool], rerun: Rerun | None = None,
