@@ -242,9 +242,10 @@ def _scale_metrics(values: np.ndarray, offsets: np.ndarray, method: str,
         n_zero_gap = n_scorable - inverse.size
     else:
         if _group_scales is None:  # compiled on first use (numba's import is slow)
-            from numba import njit
+            from advcal._kernels.caching import cached_njit
 
-            _group_scales = njit(cache=True)(_group_scales_loop)
+            # advcal's kernel cache: numba's own breaks on read-only installs and goes stale
+            _group_scales = cached_njit(_group_scales_loop)
         inverse, n_scorable, n_zero_gap = _group_scales(
             values, offsets, method == "grpo", TRL_EPS)
     if inverse.size:
@@ -374,11 +375,11 @@ class AdvcalGRPOMixin:
                 # TRL normalises the summed, already group-normalised rewards batch-wide.
                 flat = advcal.grpo(values, np.array([0, values.size]), **options)
             else:
-                scale = self.scale_rewards  # type: ignore[attr-defined]
-                if scale == "none":
+                scaling = self.scale_rewards  # type: ignore[attr-defined]
+                if scaling == "none":
                     options.pop("eps")
                     flat = advcal.dr_grpo(values, offsets, **options)
-                elif scale == "batch":
+                elif scaling == "batch":
                     flat = advcal.batch_std(values, offsets, **options)
                 else:
                     flat = advcal.grpo(values, offsets, **options)
