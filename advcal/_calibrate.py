@@ -30,6 +30,20 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from advcal import logs
+from advcal._validation import check_offsets
+from advcal.artefacts import load_calibration, save_calibration
+from advcal.conformal import calibrate_ranges
+from advcal.drift import calibration_drift
+from advcal.risk import select_threshold
+from advcal.sets import (
+    CENTERED,
+    SetCalibration,
+    _transform,
+    calibrate_sets,
+    coefficient_sets,
+)
+
 # Folds of the cross-fitted coverage estimate, and the confidence of its interval.
 FOLDS = 5
 CONFIDENCE = 0.95
@@ -83,8 +97,6 @@ def set_coverage(a: np.ndarray, b: np.ndarray, offsets: np.ndarray, kwargs: dict
                  *, folds: int, seed: int) -> Coverage:
     """K-fold cross-fitted coverage of JRSC sets: calibrate on K − 1 folds of groups,
     count the held-out groups whose second scoring's coefficients lie in their set."""
-    from advcal.drift import calibration_drift
-    from advcal.sets import calibrate_sets
 
     informative = np.flatnonzero(np.diff(offsets) >= 2)
     rng = np.random.default_rng(seed)
@@ -114,7 +126,6 @@ def range_coverage(inputs: dict[str, Any], kwargs: dict[str, Any], *, folds: int
                    seed: int) -> Coverage:
     """K-fold cross-fitted coverage of conformal ranges, folds stratified by category;
     a response whose category has no other response cannot be tested and is skipped."""
-    from advcal.conformal import calibrate_ranges
 
     reference = inputs["reference"]
     m = reference.size
@@ -160,7 +171,6 @@ def range_coverage(inputs: dict[str, Any], kwargs: dict[str, Any], *, folds: int
 def _read_paired(args: argparse.Namespace, second: str, fail_prefix: str
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
     """First and second scoring, grouped (CSR), with the readers of ``advcal diagnose``."""
-    from advcal import logs
 
     weights = None
     if args.reward_weights is not None:
@@ -401,7 +411,6 @@ def _set_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _set_summary(cal: Any, a: np.ndarray, offsets: np.ndarray) -> dict[str, Any]:
-    from advcal.sets import coefficient_sets
 
     sets = coefficient_sets(a, offsets, calibration=cal)
     informative = np.diff(offsets) >= 2
@@ -436,7 +445,6 @@ def _plot_sets(cal: Any, path: str) -> None:
 
 
 def run_sets(args: argparse.Namespace) -> int:
-    from advcal.sets import calibrate_sets
 
     _check_plot(args.plot)
     a, b, offsets, log = _read_paired(args, args.second_col, f"{args.file}: ")
@@ -472,7 +480,6 @@ def _plot(draw: Any, obj: Any, path: str | None) -> None:
 
 
 def _write(path: str, obj: Any) -> None:
-    from advcal.artefacts import save_calibration
 
     try:
         save_calibration(path, obj)
@@ -484,7 +491,6 @@ def _write(path: str, obj: Any) -> None:
 
 
 def run_ranges(args: argparse.Namespace) -> int:
-    from advcal.conformal import calibrate_ranges
 
     _check_plot(args.plot)
     method = args.method
@@ -575,10 +581,6 @@ def _plot_ranges(cal: Any, path: str) -> None:
 
 
 def run_threshold(args: argparse.Namespace) -> int:
-    from advcal.artefacts import load_calibration
-    from advcal.drift import calibration_drift
-    from advcal.risk import select_threshold
-    from advcal.sets import SetCalibration, _transform, calibrate_sets, coefficient_sets
 
     _check_plot(args.plot)
     names = [args.reward_col, args.second_col, args.gram_col]
@@ -708,7 +710,6 @@ def _layout(a: np.ndarray, b: np.ndarray, gram: np.ndarray, offsets: np.ndarray 
     if a.ndim != 1 or offsets is None:
         raise ValueError(f"array {names[0]!r} must be 2-D (a group per row), or 1-D with an "
                          "array 'offsets'")
-    from advcal._validation import check_offsets
 
     offs = check_offsets(offsets, a.size)
     expected = int(np.sum(np.diff(offs).astype(np.int64) ** 2))
@@ -765,7 +766,6 @@ def _common(parser: argparse.ArgumentParser, *, coverage: bool = True) -> None:
 
 
 def _set_options(parser: argparse.ArgumentParser) -> None:
-    from advcal.sets import CENTERED
 
     parser.add_argument("--estimator", choices=CENTERED, default="grpo",
                         help="coefficient map T (default: grpo)")

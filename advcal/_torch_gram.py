@@ -25,6 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from advcal._validation import check_offsets
+from advcal.layouts import groups_from_ids
+
 __all__ = ["GradientCapture", "last_blocks", "response_objectives"]
 
 LOSS_TYPES = ("grpo", "dr_grpo", "bnpo", "dapo")
@@ -232,9 +235,6 @@ def last_blocks(model: Any, k: int, *, head: bool = True) -> Callable[[str, Any]
 def _group_layout(n: int, offsets: Any, group_ids: Any, group_size: Any
                   ) -> tuple[list[np.ndarray | slice], tuple[int, int] | None]:
     """The responses of each group in output order, and the dense shape if any."""
-    from advcal._validation import check_offsets
-    from advcal.layouts import groups_from_ids
-
     given = [name for name, value in (("offsets", offsets), ("group_ids", group_ids),
                                       ("group_size", group_size)) if value is not None]
     if len(given) != 1:

@@ -38,6 +38,11 @@ from typing import Any
 
 import numpy as np
 
+from advcal.conformal import RANGE_METHODS, RangeCalibration, conformal_quantile
+from advcal.registry import ESTIMATORS
+from advcal.risk import ThresholdSelection
+from advcal.sets import CENTERED, NOISES, SHAPES, SetCalibration
+
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -123,7 +128,6 @@ def _choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
 
 
 def _estimator_function(estimator: str) -> Any:
-    from advcal import ESTIMATORS
 
     return ESTIMATORS[estimator]
 
@@ -158,7 +162,6 @@ def validate_set_calibration(cal: Any) -> None:
     unknown or non-centering ``estimator``, an unknown ``shape`` or ``noise``, or
     ``options`` the estimator does not take.
     """
-    from advcal.sets import CENTERED, NOISES, SHAPES
 
     _real(cal.rho, "rho", low=0.0, allow_inf=True)
     _alpha(cal.alpha)
@@ -169,7 +172,6 @@ def validate_set_calibration(cal: Any) -> None:
         raise ValueError("`scores` must not contain NaN.")
     if (scores < 0).any():
         raise ValueError("`scores` must be non-negative (they are distances).")
-    from advcal import ESTIMATORS
 
     if not isinstance(cal.estimator, str) or cal.estimator not in ESTIMATORS:
         raise ValueError(f"`estimator` must be a key of advcal.ESTIMATORS; got "
@@ -196,7 +198,6 @@ def validate_range_calibration(cal: Any) -> None:
     ``"cqr"``), a NaN or negative ``radius`` (negative only allowed for ``"cqr"``), or
     ``radius`` keys and ``categories`` that do not match one another.
     """
-    from advcal.conformal import RANGE_METHODS
 
     method = _choice(cal.method, "method", tuple(RANGE_METHODS))
     _alpha(cal.alpha)
@@ -305,9 +306,6 @@ def validate_threshold_selection(sel: Any) -> None:
 
 def _validate(obj: Any) -> str:
     """Validate any calibration object; return its kind."""
-    from advcal.conformal import RangeCalibration
-    from advcal.risk import ThresholdSelection
-    from advcal.sets import SetCalibration
 
     if isinstance(obj, SetCalibration):
         validate_set_calibration(obj)
@@ -324,7 +322,6 @@ def _validate(obj: Any) -> str:
 
 def _check_consistent(kind: str, obj: Any) -> None:
     """Cross-field checks that a calibration routine guarantees (a tampered file fails)."""
-    from advcal.conformal import conformal_quantile
 
     if kind == "SetCalibration":
         expected = conformal_quantile(obj.scores, obj.alpha)
@@ -507,9 +504,6 @@ def _field(fields: Mapping[str, Any], name: str) -> Any:
 
 
 def _decode(kind: str, fields: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Any:
-    from advcal.conformal import RangeCalibration
-    from advcal.risk import ThresholdSelection
-    from advcal.sets import SetCalibration
 
     def value(name: str) -> Any:
         return _decode_value(_field(fields, name), name)
@@ -631,7 +625,8 @@ def save_calibration(path: str | os.PathLike[str], obj: Any) -> None:
     kind = _validate(obj)
     _check_consistent(kind, obj)
     fields, arrays = _encode(obj, kind)
-    from advcal import __version__
+    from advcal import __version__  # the package root imports this module
+
 
     header = {
         "format": FORMAT_NAME,
