@@ -27,6 +27,7 @@ zstd as a stream, and reads Parquet by row batches.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -34,6 +35,7 @@ import shutil
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -762,11 +764,22 @@ def _read_jsonl(path: Path, compression: str | None, plan_for: Callable[..., _Pl
                          "line")
         parser = _JsonBlocks(plan, digest)
         if first is not None:
-            parser.block(*first)
-            for block, start in blocks:
-                parser.block(block, start)
-                if progress is not None:
-                    progress(raw.tell())
+            # pyarrow parses the next block (releasing the GIL) while this one is digested
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                (block, start), parsed = first, None
+                for following in itertools.chain(blocks, [None]):
+                    ahead = None
+                    if following is not None:
+                        types = dict(parsed[1] if parsed else parser.group_types)
+                        ahead = (types, pool.submit(parser.parse, following[0], types))
+                    parser.block(block, start, parsed)
+                    if following is None or ahead is None:
+                        break
+                    if progress is not None:
+                        progress(raw.tell())
+                    (block, start), parsed = following, ahead[1].result()
+                    if ahead[0] != parser.group_types:  # a rejected block switched a type
+                        parsed = None
     return plan, digest
 
 
@@ -808,45 +821,48 @@ class _JsonBlocks:
         self.digest = digest
         self.group_types = {c: pa.string() for c in plan.group_cols}
 
-    def _schema(self) -> Any:
+    def _schema(self, types: dict[str, Any]) -> Any:
         pa = _pa()
-        fields = [pa.field(c, t) for c, t in self.group_types.items()]
+        fields = [pa.field(c, t) for c, t in types.items()]
         fields += [pa.field(c, pa.float64()) for c in self.plan.value_cols
-                   if c not in self.group_types]
+                   if c not in types]
         return pa.schema(fields)
 
-    def _arrow(self, block: bytes) -> Any:
+    def parse(self, block: bytes, types: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """pyarrow's table of a block (None if it rejects it) and the group column types
+        that parsed it; touches no state, so it may run on another thread."""
         pa = _pa()
         import pyarrow.json as pj
 
-        parse = pj.ParseOptions(explicit_schema=self._schema(),
-                                unexpected_field_behavior="ignore")
+        types = dict(types)
         read = pj.ReadOptions(block_size=_BLOCK // 2, use_threads=True)
-        for _ in range(len(self.group_types) + 1):
+        for _ in range(len(types) + 1):
+            parse = pj.ParseOptions(explicit_schema=self._schema(types),
+                                    unexpected_field_behavior="ignore")
             try:
                 return pj.read_json(pa.BufferReader(block), read_options=read,
-                                    parse_options=parse)
+                                    parse_options=parse), types
             except pa.ArrowInvalid as exc:
                 # a group column of integers (a numeric uid or step): switch its type once
                 text = str(exc)
                 switched = False
-                for c, t in self.group_types.items():
+                for c, t in types.items():
                     if (f"Column(/{c}) changed from string to number" in text
                             and t == pa.string()):
-                        self.group_types[c] = pa.int64()
+                        types[c] = pa.int64()
                         switched = True
                     elif (f"Column(/{c}) changed from number to string" in text
                             and t == pa.int64()):
-                        self.group_types[c] = pa.string()
+                        types[c] = pa.string()
                         switched = True
                 if not switched:
-                    return None
-                parse = pj.ParseOptions(explicit_schema=self._schema(),
-                                        unexpected_field_behavior="ignore")
-        return None
+                    return None, types
+        return None, types
 
-    def block(self, block: bytes, start: int) -> None:
-        table = self._arrow(block)
+    def block(self, block: bytes, start: int, parsed: tuple[Any, dict[str, Any]] | None = None
+              ) -> None:
+        """Digest a block, with ``parse``'s result for it if it was parsed ahead."""
+        table, self.group_types = parsed or self.parse(block, self.group_types)
         if table is not None:
             lines = _nonblank_lines(block, start)
             if lines is not None and lines.size == table.num_rows:
