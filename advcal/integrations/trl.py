@@ -118,13 +118,37 @@ def _settings_iv(advantage: Any, options: Any, calibration: Any, tau: Any, layer
 
 def trl_rewards(rewards_per_func: np.ndarray, weights: np.ndarray, aggregation: str,
                 group_size: int) -> np.ndarray:
-    """TRL's combined reward per completion, shape ``(B, group_size)``; NaN where every
-    reward function returned ``None`` (the completion leaves its group).
+    """TRL's combined reward per completion, as its ``GRPOTrainer`` combines them.
 
-    ``"sum_then_normalize"``: the weighted sum of the rewards that are not ``None``.
-    ``"normalize_then_sum"``: each reward function first normalised within the group
-    (mean and unbiased std of its non-``None`` rewards, TRL's 1e-4 in the denominator),
-    then the weighted sum.
+    Parameters
+    ----------
+    rewards_per_func : ndarray, shape (N, F)
+        One column per reward function, NaN where it returned ``None``; groups of
+        ``group_size`` consecutive completions.
+    weights : ndarray, shape (F,)
+        TRL's ``reward_weights``.
+    aggregation : {"sum_then_normalize", "normalize_then_sum"}
+        TRL's ``multi_objective_aggregation``: the weighted sum of the rewards that are not
+        ``None``; or each reward function first normalised within the group (mean and
+        unbiased std of its non-``None`` rewards, TRL's 1e-4 in the denominator), then the
+        weighted sum.
+    group_size : int
+        TRL's ``num_generations``.
+
+    Returns
+    -------
+    ndarray of float64, shape (N // group_size, group_size)
+        The combined rewards; NaN where every reward function returned ``None`` (the
+        completion leaves its group).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from advcal.integrations.trl import trl_rewards
+    >>> per_func = np.array([[1.0, np.nan], [np.nan, np.nan], [0.5, 2.0], [np.nan, 1.0]])
+    >>> trl_rewards(per_func, np.array([1.0, 0.5]), "sum_then_normalize", 2)
+    array([[1. , nan],
+           [1.5, 0.5]])
     """
     per_func = np.asarray(rewards_per_func, dtype=np.float64)
     weights = np.asarray(weights, dtype=np.float64)

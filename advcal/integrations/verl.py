@@ -49,7 +49,26 @@ _configured: dict[str, dict[str, Any]] = {}
 def configure(estimator: str, **options: Any) -> None:
     """Set the options of one of advcal's verl estimators in this process.
 
-    They take precedence over ``ADVCAL_VERL_OPTIONS``.
+    Parameters
+    ----------
+    estimator : {"maxnorm", "range_grpo", "setgrpo"}
+        The registered name.
+    **options
+        Its options: ``tau_res`` (and any :func:`advcal.maxnorm` keyword) for
+        ``"maxnorm"``; ``calibration`` (a RangeCalibration or its file) and ``relation``
+        for ``"range_grpo"``; ``calibration`` (a SetCalibration or its file) and ``tau``
+        (a threshold, a ThresholdSelection or its file) for ``"setgrpo"``.  They take
+        precedence over ``ADVCAL_VERL_OPTIONS`` in this process.
+
+    Examples
+    --------
+    >>> from advcal.integrations import verl
+    >>> verl.configure("maxnorm", tau_res=0.05)
+    >>> verl.configure("bogus")
+    Traceback (most recent call last):
+    ...
+    ValueError: `estimator` must be one of 'maxnorm', 'range_grpo', 'setgrpo'; got 'bogus'.
+    >>> verl._configured.clear()
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"`estimator` must be one of {', '.join(map(repr, ESTIMATORS))}; "
@@ -167,8 +186,33 @@ ESTIMATORS = {
 def gram_rows(gram: Any, group_ids: Any) -> np.ndarray:
     """Gram blocks in advcal's ``group_ids`` layout → one row per response, ``(N, G_max)``.
 
-    Row i holds ⟨g_i, g_j⟩ for the members j of i's group in batch order, NaN-padded to
-    the largest group: a per-response tensor that ``DataProto`` carries and splits.
+    Parameters
+    ----------
+    gram : array_like
+        Flat row-major n_q × n_q blocks, groups in order of first appearance in
+        ``group_ids`` and members in batch order (what :func:`advcal.setgrpo` takes with
+        ``group_ids``, and what ``GradientCapture.gram(..., group_ids=...)`` returns).
+    group_ids : array_like, shape (N,)
+        The group of each response (verl's uids).
+
+    Returns
+    -------
+    ndarray of float64, shape (N, G_max)
+        Row i holds ⟨g_i, g_j⟩ for the members j of i's group in batch order, NaN-padded
+        to the largest group: a per-response tensor that ``DataProto`` carries and splits.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from advcal.integrations.verl import gram_blocks, gram_rows
+    >>> ids = np.array(["a", "b", "a"], dtype=object)
+    >>> rows = gram_rows([1.0, 0.5, 0.5, 2.0, 3.0], ids)   # a: 2 x 2 block, b: 1 x 1
+    >>> rows
+    array([[1. , 0.5],
+           [3. , nan],
+           [0.5, 2. ]])
+    >>> gram_blocks(rows, ids)
+    array([1. , 0.5, 0.5, 2. , 3. ])
     """
     index = advcal.groups_from_ids(group_ids)
     flat = np.asarray(gram, dtype=np.float64).ravel()
@@ -186,7 +230,20 @@ def gram_rows(gram: Any, group_ids: Any) -> np.ndarray:
 
 
 def gram_blocks(rows: np.ndarray, group_ids: Any) -> np.ndarray:
-    """The inverse of :func:`gram_rows`: per-response rows → flat blocks by group."""
+    """The inverse of :func:`gram_rows`: per-response rows → flat blocks by group.
+
+    Parameters
+    ----------
+    rows : array_like, shape (N, >= G_max)
+        Per-response rows as :func:`gram_rows` writes them.
+    group_ids : array_like, shape (N,)
+        The group of each response.
+
+    Returns
+    -------
+    ndarray of float64
+        The flat blocks in advcal's ``group_ids`` layout.
+    """
     index = advcal.groups_from_ids(group_ids)
     rows = np.asarray(rows, dtype=np.float64)
     sizes = np.diff(index.offsets)
@@ -199,8 +256,21 @@ def gram_blocks(rows: np.ndarray, group_ids: Any) -> np.ndarray:
 
 
 def attach_gram(data: Any, gram: Any) -> Any:
-    """Store Gram blocks (advcal's ``group_ids`` layout over ``data``'s uids) in
-    ``data.batch["advcal_gram"]`` as per-response rows; returns ``data``."""
+    """Store Gram blocks in a verl ``DataProto`` as per-response rows.
+
+    Parameters
+    ----------
+    data : verl.DataProto
+        The batch; ``data.non_tensor_batch["uid"]`` names each response's group.
+    gram : array_like
+        Flat blocks in advcal's ``group_ids`` layout over those uids (see
+        :func:`gram_rows`).
+
+    Returns
+    -------
+    verl.DataProto
+        ``data``, with ``data.batch["advcal_gram"]`` set to the rows.
+    """
     import torch
 
     if "uid" not in data.non_tensor_batch:
@@ -211,7 +281,23 @@ def attach_gram(data: Any, gram: Any) -> Any:
 
 
 def compute_advantage(data: Any, adv_estimator: Any, *args: Any, **kwargs: Any) -> Any:
-    """verl's ``compute_advantage``, also handing the Gram rows to ``setgrpo``."""
+    """verl's ``compute_advantage``, also handing the Gram rows to ``setgrpo``.
+
+    Parameters
+    ----------
+    data : verl.DataProto
+        The batch, as verl's ``compute_advantage`` takes it.
+    adv_estimator : str or verl.trainer.ppo.core_algos.AdvantageEstimator
+        The estimator.  ``"setgrpo"`` reads ``data.batch["advcal_gram"]`` (set by
+        :func:`attach_gram`); every other name goes to verl's own function unchanged.
+    *args, **kwargs
+        verl's further arguments (``gamma``, ``lam``, ``config``, ...).
+
+    Returns
+    -------
+    verl.DataProto
+        ``data`` with ``advantages`` and ``returns``.
+    """
     from verl.trainer.ppo import ray_trainer
 
     name = getattr(adv_estimator, "value", adv_estimator)
@@ -234,7 +320,12 @@ def _verl_compute_advantage(ray_trainer: Any) -> Any:
 
 
 def patch_compute_advantage() -> None:
-    """Make verl's ``ray_trainer.compute_advantage`` this module's (idempotent)."""
+    """Make verl's ``ray_trainer.compute_advantage`` this module's :func:`compute_advantage`.
+
+    Call it in the process that runs verl's trainer (for example at the top of your
+    task runner), so that its ``fit`` loop hands the Gram rows to ``setgrpo``.  Calling it
+    again changes nothing.
+    """
     from verl.trainer.ppo import ray_trainer
 
     if not hasattr(ray_trainer, "_advcal_original_compute_advantage"):
