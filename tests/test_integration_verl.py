@@ -194,3 +194,11 @@ def test_a_ray_worker_sees_the_registration(monkeypatch) -> None:
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_configure_without_options_falls_back_to_the_environment(monkeypatch):
+    monkeypatch.setenv(integration.OPTIONS_ENV, json.dumps({"maxnorm": {"tau_res": 0.5}}))
+    integration.configure("maxnorm", tau_res=0.05)
+    assert integration._options("maxnorm") == {"tau_res": 0.05}
+    integration.configure("maxnorm")
+    assert integration._options("maxnorm") == {"tau_res": 0.5}

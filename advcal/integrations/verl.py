@@ -58,7 +58,9 @@ def configure(estimator: str, **options: Any) -> None:
         ``"maxnorm"``; ``calibration`` (a RangeCalibration or its file) and ``relation``
         for ``"range_grpo"``; ``calibration`` (a SetCalibration or its file) and ``tau``
         (a threshold, a ThresholdSelection or its file) for ``"setgrpo"``.  They take
-        precedence over ``ADVCAL_VERL_OPTIONS`` in this process.
+        precedence over ``ADVCAL_VERL_OPTIONS`` in this process.  Without options, the
+        estimator's options set here are cleared, so the environment variable applies
+        again.
 
     Examples
     --------
@@ -68,12 +70,15 @@ def configure(estimator: str, **options: Any) -> None:
     Traceback (most recent call last):
     ...
     ValueError: `estimator` must be one of 'maxnorm', 'range_grpo', 'setgrpo'; got 'bogus'.
-    >>> verl._configured.clear()
+    >>> verl.configure("maxnorm")  # back to ADVCAL_VERL_OPTIONS
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"`estimator` must be one of {', '.join(map(repr, ESTIMATORS))}; "
                          f"got {estimator!r}.")
-    _configured[estimator] = dict(options)
+    if options:
+        _configured[estimator] = dict(options)
+    else:
+        _configured.pop(estimator, None)
 
 
 def _options(name: str) -> dict[str, Any]:
