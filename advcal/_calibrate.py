@@ -18,13 +18,11 @@ one line on stderr.
 from __future__ import annotations
 
 import argparse
-import csv
-import gzip
+import contextlib
 import json
 import math
 import sys
-import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -47,7 +45,7 @@ from advcal.sets import (
 # Folds of the cross-fitted coverage estimate, and the confidence of its interval.
 FOLDS = 5
 CONFIDENCE = 0.95
-# Largest .npz member `calibrate threshold` accepts (checked before decompressing).
+# Largest .npz `calibrate threshold` accepts, its members decompressed (checked first).
 MAX_MEMBER_BYTES = 1 << 30
 _PLOT_FORMATS = ("png", "pdf", "svg")
 
@@ -179,168 +177,26 @@ def _read_paired(args: argparse.Namespace, second: str, fail_prefix: str
         except ValueError:
             raise _BadInput(f"--reward-weights {args.reward_weights!r}: expected "
                             "comma-separated numbers") from None
-    try:
+    with _log_errors(fail_prefix):
         log = logs.read_log(args.file, preset=args.preset, group_cols=args.group_col,
                             reward_cols=args.reward_col, reward_weights=weights,
                             reward_agg=args.reward_agg, extra_cols=(second,),
                             format=args.format,
                             on_bad_row="error" if args.strict else args.on_bad_row)
-    except logs.MissingDependencyError as exc:
-        raise _BadInput(str(exc)) from None
-    except logs.LogError as exc:
-        raise _BadInput(f"{fail_prefix}{exc}") from None
-    except OSError as exc:
-        raise _BadInput(f"{fail_prefix}cannot read ({exc.strerror or exc})") from None
     return log.rewards, log.extra[second], log.offsets, log
 
 
-def _number(text: Any, column: str, where: str) -> float:
-    if isinstance(text, bool) or text is None or isinstance(text, (list, dict)):
-        raise _BadInput(f"{where}: {column!r} value {json.dumps(text)} is not a number")
+@contextlib.contextmanager
+def _log_errors(prefix: str) -> Iterator[None]:
+    """The errors of :mod:`advcal.logs` as one-line :class:`_BadInput`."""
     try:
-        value = float(text)
-    except ValueError:
-        raise _BadInput(f"{where}: {column!r} value {text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise _BadInput(f"{where}: {column!r} value {text!r} is not a finite number")
-    return value
-
-
-def read_table(path: str, columns: Sequence[str], label: str | None = None,
-               *, on_bad_row: str = "skip") -> tuple[dict[str, Any], int]:
-    """Per-response columns of a judge log: numeric ``columns`` and an optional ``label``
-    column (category) whose values keep their type (JSON Lines, NPZ and Parquet; CSV
-    labels are strings).  Returns the columns and the number of bad rows skipped.
-
-    This is the one place the ``ranges`` form reads a file: it needs the category labels
-    themselves, which :func:`advcal.logs.read_log` (grouped rewards) does not return.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise _BadInput("no such file" if not p.exists() else "not a regular file")
-    with p.open("rb") as f:
-        head = f.read(4)
-    if head[:2] == b"PK":
-        return _table_npz(p, columns, label), 0
-    if head == b"PAR1":
-        return _table_parquet(p, columns, label, on_bad_row)
-    opener: Any = gzip.open if head[:2] == b"\x1f\x8b" else open
-    name = p.name.lower().removesuffix(".gz")
-    try:
-        with opener(p, "rt", encoding="utf-8-sig", newline="") as f:
-            rows = _jsonl_rows(f) if name.endswith((".jsonl", ".ndjson", ".json")) \
-                else _csv_rows(f)
-            return _collect(rows, columns, label, on_bad_row)
-    except UnicodeDecodeError:
-        raise _BadInput("not a UTF-8 text file (CSV or JSON Lines, optionally gzip)") from None
-    except csv.Error as exc:
-        raise _BadInput(f"malformed CSV ({exc})") from None
-
-
-def _csv_rows(f: Any) -> Any:
-    reader = csv.DictReader(f)
-    for row in reader:
-        yield f"line {reader.line_num}", row
-
-
-def _jsonl_rows(f: Any) -> Any:
-    for lineno, line in enumerate(f, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            yield f"line {lineno}", None
-            continue
-        yield f"line {lineno}", row if isinstance(row, dict) else None
-
-
-def _collect(rows: Any, columns: Sequence[str], label: str | None, on_bad_row: str
-             ) -> tuple[dict[str, Any], int]:
-    out: dict[str, list[Any]] = {c: [] for c in columns}
-    labels: list[Any] = []
-    bad = 0
-    seen_any = False
-    for where, row in rows:
-        seen_any = True
-        try:
-            if row is None:
-                raise _BadInput(f"{where}: not a JSON object")
-            for c in (*columns, *([label] if label else [])):
-                if c not in row:
-                    found = ", ".join(str(k) for k in row) or "none"
-                    raise _BadInput(f"{where}: no column {c!r} (columns: {found})")
-            values = [_number(row[c], c, where) for c in columns]
-            if label is not None:
-                lab = row[label]
-                if lab in (None, "") or isinstance(lab, (list, dict)) or (
-                        isinstance(lab, float) and not math.isfinite(lab)):
-                    raise _BadInput(f"{where}: empty or non-scalar category {lab!r}")
-        except _BadInput as exc:
-            if on_bad_row == "error" or "no column" in str(exc):
-                raise
-            bad += 1
-            continue
-        for c, v in zip(columns, values, strict=True):
-            out[c].append(v)
-        if label is not None:
-            labels.append(lab)
-    if not seen_any:
-        raise _BadInput("no rows (the file holds no responses)")
-    result: dict[str, Any] = {c: np.array(v, dtype=np.float64) for c, v in out.items()}
-    if label is not None:
-        result[label] = labels
-    return result, bad
-
-
-def _table_npz(p: Path, columns: Sequence[str], label: str | None) -> dict[str, Any]:
-    arrays = _load_npz(p, [*columns, *([label] if label else [])])
-    result: dict[str, Any] = {}
-    n = None
-    for c in columns:
-        arr = arrays[c]
-        if arr.dtype.kind not in "biuf" or arr.ndim != 1:
-            raise _BadInput(f"array {c!r} must be 1-D numbers; got {arr.dtype} {arr.shape}")
-        n = arr.size if n is None else n
-        if arr.size != n:
-            raise _BadInput(f"array {c!r} has {arr.size} values; expected {n}")
-        result[c] = arr.astype(np.float64)
-    if label is not None:
-        arr = arrays[label]
-        if arr.dtype.kind not in "biuUS" or arr.shape != (n,):
-            raise _BadInput(f"array {label!r} must be {n} integer or string labels")
-        result[label] = arr.tolist()
-    return result
-
-
-def _load_npz(p: Path, names: Sequence[str]) -> dict[str, np.ndarray]:
-    """Named arrays of an .npz, sizes checked before decompressing, pickles refused."""
-    try:
-        with zipfile.ZipFile(p) as zf:
-            members = {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
-            for name in names:
-                if name not in members:
-                    raise _BadInput(f"no array {name!r} (arrays: "
-                                    f"{', '.join(members) or 'none'})")
-                if members[name].file_size > MAX_MEMBER_BYTES:
-                    raise _BadInput(f"array {name!r} is larger than {MAX_MEMBER_BYTES} bytes")
-        with np.load(p, allow_pickle=False) as data:
-            return {name: data[name] for name in names}
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        raise _BadInput(f"cannot read as .npz ({exc})") from None
-    except ValueError as exc:
-        raise _BadInput(f"cannot read as .npz ({str(exc).splitlines()[0]})") from None
-
-
-def _table_parquet(p: Path, columns: Sequence[str], label: str | None, on_bad_row: str
-                   ) -> tuple[dict[str, Any], int]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise _BadInput("reading Parquet needs pyarrow: pip install 'advcal[logs]'") from None
-    table = pq.read_table(p)
-    rows = ((f"row {i + 1}", row) for i, row in enumerate(table.to_pylist()))
-    return _collect(rows, columns, label, on_bad_row)
+        yield
+    except logs.MissingDependencyError as exc:
+        raise _BadInput(str(exc)) from None
+    except logs.LogError as exc:
+        raise _BadInput(f"{prefix}{exc}") from None
+    except OSError as exc:
+        raise _BadInput(f"{prefix}cannot read ({exc.strerror or exc})") from None
 
 
 # --------------------------------------------------------------------------- output
@@ -501,16 +357,13 @@ def run_ranges(args: argparse.Namespace) -> int:
         cols["judge"] = args.judge_col
     if method == "normalized":
         cols["sigma"] = args.sigma_col
-    try:
-        table, bad = read_table(args.file, list(cols.values()), args.category_col,
-                                on_bad_row="error" if args.strict else args.on_bad_row)
-    except _BadInput as exc:
-        raise _BadInput(f"{args.file}: {exc}") from None
-    inputs: dict[str, Any] = {key: table[col] for key, col in cols.items()}
-    if args.category_col is not None:
-        inputs["categories"] = table[args.category_col]
-    if inputs["reference"].size == 0:
-        raise _BadInput(f"{args.file}: no valid rows ({bad} bad rows skipped)")
+    with _log_errors(f"{args.file}: "):
+        table = logs.read_columns(args.file, list(cols.values()), label_col=args.category_col,
+                                  format=args.format,
+                                  on_bad_row="error" if args.strict else args.on_bad_row)
+    inputs: dict[str, Any] = {key: table.columns[col] for key, col in cols.items()}
+    if table.labels is not None:
+        inputs["categories"] = table.labels
     kwargs = {"alpha": args.alpha, "method": method, "bounds": tuple(args.bounds)}
     try:
         extra = {k: inputs[k] for k in ("sigma", "lower", "upper", "categories") if k in inputs}
@@ -533,12 +386,13 @@ def run_ranges(args: argparse.Namespace) -> int:
     _plot(_plot_ranges, cal, args.plot)
     if args.json:
         print(json.dumps({"kind": "RangeCalibration", "file": args.file, "out": args.out,
-                          **summary, "bad_rows": bad, "coverage": _coverage_json(cov)},
+                          **summary, "bad_rows": table.bad_rows.count,
+                          "coverage": _coverage_json(cov)},
                          indent=2))
         return 0
     print(f"advcal calibrate ranges: {args.file}")
-    if bad:
-        print(f"skipped {bad} bad row{'s' if bad != 1 else ''}")
+    if table.bad_rows.count:
+        print(table.bad_rows.summary())
     print(f"m = {summary['m']} labeled responses; alpha = {cal.alpha:g}; method {method}; "
           f"bounds [{cal.bounds[0]:g}, {cal.bounds[1]:g}]")
     if cal.categories is None:
@@ -584,16 +438,13 @@ def run_threshold(args: argparse.Namespace) -> int:
 
     _check_plot(args.plot)
     names = [args.reward_col, args.second_col, args.gram_col]
-    has_offsets = False
-    try:
-        with zipfile.ZipFile(args.file) as zf:
-            has_offsets = any(i.filename in ("offsets", "offsets.npy") for i in zf.infolist())
-    except (zipfile.BadZipFile, OSError):
-        pass
-    try:
-        arrays = _load_npz(Path(args.file), names + (["offsets"] if has_offsets else []))
-    except _BadInput as exc:
-        raise _BadInput(f"{args.file}: {exc}") from None
+    with _log_errors(f"{args.file}: "):
+        # the readers' .npz loader: sizes checked before decompressing, never a pickle
+        arrays = logs._read_arrays(Path(args.file), "npz", MAX_MEMBER_BYTES)
+    for name in names:
+        if name not in arrays:
+            raise _BadInput(f"{args.file}: no array {name!r} (arrays: "
+                            f"{', '.join(arrays) or 'none'})")
     try:
         a, b, gram = (_float_array(arrays[n], n) for n in names)
         offsets = _layout(a, b, gram, arrays.get("offsets"), names)
@@ -782,8 +633,6 @@ def _set_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _log_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=("auto", "csv", "jsonl", "parquet", "npz", "npy"),
-                        default="auto", help="file format (default: from the content)")
     parser.add_argument("--preset", choices=("verl", "trl"), default=None,
                         help="columns of a trainer's logs (as advcal diagnose)")
     parser.add_argument("--group-col", action="append", default=None, metavar="NAME",
@@ -798,10 +647,12 @@ def _log_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--second-col", default="second",
                         help="column of the second scoring of the same responses "
                              "(default: second)")
-    _bad_rows(parser)
+    _reader_options(parser)
 
 
-def _bad_rows(parser: argparse.ArgumentParser) -> None:
+def _reader_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=("auto", *logs.FORMATS), default="auto",
+                        help="file format (default: from the content)")
     parser.add_argument("--on-bad-row", choices=("skip", "error"), default="skip",
                         help="rows with an empty, NaN or unparsable value: skip and report "
                              "them (default), or stop")
@@ -827,7 +678,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         description="Calibrate an LLM judge against reference rewards; write a "
                     "RangeCalibration (per category with --category-col).")
     ranges.add_argument("file", help="judge log: one row per labeled response (CSV, JSON "
-                                     "Lines, Parquet, NPZ arrays)")
+                                     "Lines, Parquet, NPZ 1-D arrays; as advcal diagnose)")
     ranges.add_argument("--method", choices=("absolute", "normalized", "cqr"),
                         default="absolute", help="nonconformity score (default: absolute)")
     ranges.add_argument("--judge-col", default="judge", help="judge score (default: judge)")
@@ -842,7 +693,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                              "labels keep their JSON/array type, CSV labels are strings")
     ranges.add_argument("--bounds", type=float, nargs=2, default=(0.0, 1.0),
                         metavar=("LOW", "HIGH"), help="reward bounds (default: 0 1)")
-    _bad_rows(ranges)
+    _reader_options(ranges)
     _common(ranges)
     ranges.set_defaults(form_run=run_ranges)
 

@@ -1,7 +1,9 @@
 """Reading reward logs as trainers write them: CSV, JSON Lines, Parquet, NPZ and NPY.
 
 :func:`read_log` turns a log file into grouped rewards (``rewards`` in CSR layout with
-``offsets``), ready for :func:`advcal.scale_diagnostics` and the other array functions.
+``offsets``), ready for :func:`advcal.scale_diagnostics` and the other array functions;
+:func:`read_columns` reads ungrouped per-response columns and a label column (a judge log
+with a category per response) with the same readers.
 It reads in bounded chunks (a 10-million-row file never sits in memory as text), detects
 the format and a gzip, zstd or bz2 compression from the file's first bytes, and skips
 and counts bad rows (or stops at the first one, ``on_bad_row="error"``).
@@ -42,8 +44,9 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["FORMATS", "PRESETS", "REWARD_AGGREGATIONS", "BadRows", "LogError",
-           "MissingDependencyError", "Preset", "RewardLog", "detect_format", "read_log"]
+__all__ = ["FORMATS", "PRESETS", "REWARD_AGGREGATIONS", "BadRows", "ColumnLog", "LogError",
+           "MissingDependencyError", "Preset", "RewardLog", "detect_format", "read_columns",
+           "read_log"]
 
 #: File formats :func:`read_log` reads (each also gzip-, zstd- or bz2-compressed).
 FORMATS = ("csv", "jsonl", "parquet", "npz", "npy")
@@ -206,6 +209,39 @@ class RewardLog:
     def n_singletons(self) -> int:
         """Groups with a single response (they carry no relative information)."""
         return int(np.count_nonzero(np.diff(self.offsets) == 1))
+
+
+@dataclass(frozen=True, eq=False)
+class ColumnLog:
+    """Per-response columns read by :func:`read_columns`, ungrouped, in file order.
+
+    Attributes
+    ----------
+    columns : dict of str to ndarray
+        Each numeric column asked for: float64, shape (N,), one finite value per kept row.
+    labels : list or None
+        The label of each kept row (None without ``label_col``), of its type in the file:
+        str, int, float or bool from JSON Lines, Parquet and arrays (JSON's ``1`` and
+        ``"1"`` are two labels); str from CSV.
+    label_col : str or None
+        The label column.
+    path : str
+        The file.
+    format : str
+        One of :data:`FORMATS`.
+    compression : str or None
+        ``"gzip"``, ``"zstd"``, ``"bz2"`` or None.
+    bad_rows : BadRows
+        The rows skipped.
+    """
+
+    columns: dict[str, np.ndarray] = field(repr=False)
+    labels: list[Any] | None = field(repr=False)
+    label_col: str | None
+    path: str
+    format: str
+    compression: str | None
+    bad_rows: BadRows
 
 
 # --------------------------------------------------------------------------- detection
@@ -371,6 +407,8 @@ def _keys_arrow(array: Any) -> Any:
            else "bool" if pa.types.is_boolean(t) else None)
     if tag is None:  # lists, structs: no group id
         return pa.nulls(len(array), _key_type())
+    if tag == "float":  # NaN and infinities name no group
+        array = pc.if_else(pc.is_finite(array), array, pa.scalar(None, t))
     text = pc.binary_join_element_wise(f"\x00{tag}:", array.cast(pa.string()), "")
     return pc.dictionary_encode(text).cast(_key_type())
 
@@ -380,7 +418,8 @@ def _keys_python(values: Sequence[Any]) -> Any:
     pa = _pa()
     keys: list[str | None] = []
     for v in values:
-        if v is None or v == "" or isinstance(v, (list, dict)):
+        if v is None or v == "" or isinstance(v, (list, dict)) or (
+                isinstance(v, float) and not math.isfinite(v)):
             keys.append(None)
         elif isinstance(v, str):
             keys.append(v)
@@ -394,15 +433,15 @@ def _keys_python(values: Sequence[Any]) -> Any:
 class _Digest:
     """Everything kept of a file: group codes, column values, bad-row bookkeeping."""
 
-    def __init__(self, group_cols: Sequence[str], value_cols: Sequence[str], n_rewards: int,
-                 on_bad_row: str, unit: str) -> None:
-        self.group_cols = tuple(group_cols)
-        self.value_cols = tuple(value_cols)
-        self.n_rewards = n_rewards
+    def __init__(self, plan: _Plan, on_bad_row: str, unit: str) -> None:
+        self.group_cols = plan.group_cols
+        self.value_cols = plan.value_cols
+        self.n_rewards = len(plan.reward_cols)
+        self.key_name = plan.key_name
         self.on_bad_row = on_bad_row
         self.unit = unit
-        self.groups: list[list[Any]] = [[] for _ in group_cols]
-        self.values: list[list[np.ndarray]] = [[] for _ in value_cols]
+        self.groups: list[list[Any]] = [[] for _ in self.group_cols]
+        self.values: list[list[np.ndarray]] = [[] for _ in self.value_cols]
         self.bad = 0
         self.examples: list[tuple[int, str]] = []
 
@@ -466,7 +505,7 @@ class _Digest:
                 unparsable: Sequence[np.ndarray | None], raw: list[Any]) -> str:
         for col, m in zip(self.group_cols, missing, strict=True):
             if m[i]:
-                return f"empty group id in column {col!r}"
+                return f"empty {self.key_name} in column {col!r}"
         for k, (col, v) in enumerate(zip(self.value_cols, values, strict=True)):
             u = unparsable[k]
             if u is not None and u[i]:
@@ -545,13 +584,18 @@ def _floats_python(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Plan:
-    """Which columns to read and how to combine them."""
+    """Which columns to read and how to combine them.  ``grouped=False``
+    (:func:`read_columns`): the rows are not grouped; ``group_cols`` hold at most the
+    label column, named ``key_name`` in messages."""
 
     def __init__(self, group_cols: tuple[str, ...], reward_cols: tuple[str, ...],
-                 extra_cols: tuple[str, ...]) -> None:
+                 extra_cols: tuple[str, ...], *, grouped: bool = True,
+                 key_name: str = "group id") -> None:
         self.group_cols = group_cols
         self.reward_cols = reward_cols
         self.extra_cols = extra_cols
+        self.grouped = grouped
+        self.key_name = key_name
 
     @property
     def value_cols(self) -> tuple[str, ...]:
@@ -662,8 +706,7 @@ def _read_csv(path: Path, compression: str | None, plan_for: Callable[..., _Plan
 def _csv_pass(reader: Callable[..., Any], plan: _Plan, on_bad_row: str,
               progress: Callable[[int], None] | None, *, careful: bool) -> _Digest:
     pa = _pa()
-    digest = _Digest(plan.group_cols, plan.value_cols, len(plan.reward_cols), on_bad_row,
-                     "line")
+    digest = _Digest(plan, on_bad_row, "line")
     invalid: list[int] = []  # 0-based data-row index of each row with a wrong field count
     pending: list[_RowError] = []  # on_bad_row="error": raised once earlier rows are checked
 
@@ -760,8 +803,7 @@ def _read_jsonl(path: Path, compression: str | None, plan_for: Callable[..., _Pl
         # line is a bad one
         plan = plan_for(list(columns) if columns else None,
                         lambda c: _mostly_numbers(columns.get(c, [])))
-        digest = _Digest(plan.group_cols, plan.value_cols, len(plan.reward_cols), on_bad_row,
-                         "line")
+        digest = _Digest(plan, on_bad_row, "line")
         parser = _JsonBlocks(plan, digest)
         if first is not None:
             # pyarrow parses the next block (releasing the GIL) while this one is digested
@@ -962,8 +1004,7 @@ def _read_parquet(path: Path, plan_for: Callable[..., _Plan], on_bad_row: str,
     numeric = {f.name for f in schema if pa.types.is_integer(f.type)
                or pa.types.is_floating(f.type)}
     plan = plan_for(schema.names, lambda c: c in numeric)
-    digest = _Digest(plan.group_cols, plan.value_cols, len(plan.reward_cols), on_bad_row,
-                     "row")
+    digest = _Digest(plan, on_bad_row, "row")
     row = 1
     try:
         for batch in pf.iter_batches(batch_size=1 << 18, columns=list(plan.needed)):
@@ -1062,14 +1103,14 @@ def _read_npz(path: Path, fmt: str, plan_for: Callable[..., _Plan], on_bad_row: 
     arrays = _read_arrays(path, fmt, limit)
     numeric = {k for k, a in arrays.items() if a.dtype.kind in "iuf"}
     plan = plan_for(list(arrays), lambda c: c in numeric)
-    digest = _Digest(plan.group_cols, plan.value_cols, len(plan.reward_cols), on_bad_row,
-                     "row")
+    digest = _Digest(plan, on_bad_row, "row")
     value_arrays = []
+    dims = (1, 2) if plan.grouped else (1,)  # ungrouped: one value per row
     for c in plan.value_cols:
         a = arrays[c]
-        if a.dtype.kind not in "iuf" or a.ndim not in (1, 2):
-            raise LogError(f"array {c!r} must hold numbers in 1 or 2 dimensions; got "
-                           f"{a.ndim}-D {a.dtype}")
+        if a.dtype.kind not in "iuf" or a.ndim not in dims:
+            raise LogError(f"array {c!r} must hold numbers in {' or '.join(map(str, dims))} "
+                           f"dimension{'s' if plan.grouped else ''}; got {a.ndim}-D {a.dtype}")
         value_arrays.append(a)
     shape = value_arrays[0].shape
     for c, a in zip(plan.value_cols, value_arrays, strict=True):
@@ -1082,22 +1123,24 @@ def _read_npz(path: Path, fmt: str, plan_for: Callable[..., _Plan], on_bad_row: 
             raise LogError("2-D rewards are grouped by row; drop --group-col")
         group_arrays = [np.repeat(np.arange(shape[0]), shape[1])]
         plan = _Plan(("row",), plan.reward_cols, plan.extra_cols)
-        digest = _Digest(("row",), plan.value_cols, len(plan.reward_cols), on_bad_row, "row")
-    elif plan.group_cols == ("offsets",):
+        digest = _Digest(plan, on_bad_row, "row")
+    elif plan.grouped and plan.group_cols == ("offsets",):
         off = arrays["offsets"]
         if off.dtype.kind not in "iu" or off.ndim != 1 or off.size < 1 or off[0] != 0 \
                 or off[-1] != n or np.any(np.diff(off) < 0):
             raise LogError(f"array 'offsets' must be non-decreasing integers from 0 to {n}")
         group_arrays = [np.repeat(np.arange(off.size - 1), np.diff(off))]
     elif not plan.group_cols:
-        raise LogError("1-D rewards need exactly one of `offsets` or `group_ids` (or "
-                       "--group-col NAME)")
+        if plan.grouped:
+            raise LogError("1-D rewards need exactly one of `offsets` or `group_ids` (or "
+                           "--group-col NAME)")
+        group_arrays = []
     else:
         group_arrays = []
         for c in plan.group_cols:
             g = arrays[c]
             if g.ndim != 1 or g.size != n:
-                raise LogError(f"array {c!r} must be 1-D with one label per reward ({n}); "
+                raise LogError(f"array {c!r} must be 1-D with one label per row ({n}); "
                                f"got shape {g.shape}")
             group_arrays.append(g)
     flat = [a.reshape(-1) for a in value_arrays]
@@ -1109,9 +1152,13 @@ def _read_npz(path: Path, fmt: str, plan_for: Callable[..., _Plan], on_bad_row: 
             if piece.dtype.kind in "iu":
                 codes.append(_keys_arrow(pa.array(piece.astype(np.int64))))
             elif piece.dtype.kind in "USb":
-                codes.append(_keys_arrow(pa.array(piece.tolist())))
+                ids = piece.tolist()
+                if piece.dtype.kind == "S":  # bytes: UTF-8 text, as in the text formats
+                    ids = [b.decode() for b in ids]
+                codes.append(_keys_arrow(pa.array(ids)))
             else:
-                raise LogError(f"group ids must be integers or strings; got {piece.dtype}")
+                raise LogError(f"{plan.key_name}s must be integers or strings; got "
+                               f"{piece.dtype}")
         values = [np.asarray(a[lo:hi], np.float64) for a in flat]
         digest.add(codes, values, [None] * len(values), [a[lo:hi] for a in flat],
                    np.arange(lo + 1, hi + 1))
@@ -1142,6 +1189,13 @@ def _decompressed_copy(path: Path, compression: str, limit: int, workdir: str) -
 # --------------------------------------------------------------------------- read_log
 
 
+def _read_iv(on_bad_row: Any, max_bytes: Any) -> None:
+    if on_bad_row not in ("skip", "error"):
+        raise LogError(f"on_bad_row must be 'skip' or 'error'; got {on_bad_row!r}")
+    if not isinstance(max_bytes, int) or max_bytes <= 0:
+        raise LogError(f"max_bytes must be a positive integer; got {max_bytes!r}")
+
+
 def _read_log_iv(preset: Any, group_cols: Any, reward_cols: Any, reward_weights: Any,
                  reward_agg: Any, extra_cols: Any, on_bad_row: Any, max_bytes: Any
                  ) -> tuple[Preset | None, tuple[str, ...], tuple[str, ...],
@@ -1151,10 +1205,7 @@ def _read_log_iv(preset: Any, group_cols: Any, reward_cols: Any, reward_weights:
     if reward_agg not in REWARD_AGGREGATIONS:
         raise LogError(f"unknown reward aggregation {reward_agg!r}: expected one of "
                        f"{', '.join(REWARD_AGGREGATIONS)}")
-    if on_bad_row not in ("skip", "error"):
-        raise LogError(f"on_bad_row must be 'skip' or 'error'; got {on_bad_row!r}")
-    if not isinstance(max_bytes, int) or max_bytes <= 0:
-        raise LogError(f"max_bytes must be a positive integer; got {max_bytes!r}")
+    _read_iv(on_bad_row, max_bytes)
     groups = (group_cols,) if isinstance(group_cols, str) else tuple(group_cols or ())
     rewards = (reward_cols,) if isinstance(reward_cols, str) else tuple(reward_cols or ())
     extras = (extra_cols,) if isinstance(extra_cols, str) else tuple(extra_cols or ())
@@ -1220,7 +1271,7 @@ def read_log(
     format : {"auto", "csv", "jsonl", "parquet", "npz", "npy"}, default "auto"
         Expected format (an error when the content shows another binary format).
     on_bad_row : {"skip", "error"}, default "skip"
-        A row with an empty, NaN, infinite or unparsable reward, an empty group id, a
+        A row with an empty, NaN, infinite or unparsable reward, an empty or NaN group id, a
         wrong number of fields or broken JSON is skipped and counted in
         :attr:`RewardLog.bad_rows` (``"skip"``), or stops the read (``"error"``).  With
         several reward columns, a row is bad only when all of them are empty or NaN.
@@ -1260,8 +1311,6 @@ def read_log(
         preset, group_cols, reward_cols, reward_weights, reward_agg, extra_cols, on_bad_row,
         max_bytes)
     fmt, compression = detect_format(path, format)
-    total = os.path.getsize(path)
-    report = None if progress is None else (lambda done: progress(done, total))
 
     def plan_for(columns: Sequence[str] | None, numeric: Callable[[str], bool]) -> _Plan:
         plan = _plan(columns, numeric, preset_obj, preset is not None, groups, rewards,
@@ -1271,6 +1320,117 @@ def read_log(
                            f"reward columns {', '.join(plan.reward_cols)}")
         return plan
 
+    plan, digest = _read(path, fmt, compression, plan_for, on_bad_row, max_bytes, progress)
+    return _assemble(path, fmt, compression, plan, digest,
+                     weights or (1.0,) * len(plan.reward_cols), reward_agg)
+
+
+def read_columns(
+    path: str | os.PathLike[str],
+    columns: Sequence[str] | str,
+    *,
+    label_col: str | None = None,
+    format: str = "auto",
+    on_bad_row: str = "skip",
+    max_bytes: int = 1 << 30,
+) -> ColumnLog:
+    """Read numeric columns and an optional label column of a log, without grouping.
+
+    For logs with one row per response and no groups, e.g. an LLM judge's scores next
+    to reference rewards with a category per response.  The readers, formats, bad-row
+    policy and limits are those of :func:`read_log`; the rows keep their file order.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A CSV, JSON Lines, Parquet, ``.npz`` (one 1-D array per column) or structured
+        ``.npy`` file, optionally gzip-, zstd- or bz2-compressed.
+    columns : sequence of str
+        The numeric columns (arrays in ``.npz``, fields of a ``.npy``).
+    label_col : str, optional
+        A column of labels, returned with their type (:attr:`ColumnLog.labels`).
+    format : {"auto", "csv", "jsonl", "parquet", "npz", "npy"}, default "auto"
+        As in :func:`read_log`.
+    on_bad_row : {"skip", "error"}, default "skip"
+        A row with an empty, NaN, infinite or unparsable value in one of ``columns``, an
+        empty, NaN or non-scalar label, a wrong number of fields or broken JSON is
+        skipped and counted in :attr:`ColumnLog.bad_rows` (``"skip"``), or stops the
+        read (``"error"``).
+    max_bytes : int, default 2**30
+        As in :func:`read_log`.
+
+    Returns
+    -------
+    ColumnLog
+
+    Raises
+    ------
+    LogError
+        A one-line description of what is wrong with the file or the options.
+    MissingDependencyError
+        pyarrow is not installed.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> from advcal.logs import read_columns
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "judge.jsonl").write_text(
+    ...     '{"judge": 0.9, "reference": 1, "level": 1}\\n'
+    ...     '{"judge": 0.2, "reference": 0, "level": "1"}\\n'
+    ...     '{"judge": null, "reference": 1, "level": "hard"}\\n')
+    >>> log = read_columns(folder / "judge.jsonl", ["judge", "reference"], label_col="level")
+    >>> log.columns["judge"], log.labels
+    (array([0.9, 0.2]), [1, '1'])
+    >>> log.bad_rows.summary()
+    "skipped 1 bad line (line 3: empty or NaN value in column 'judge')"
+    """
+    path = Path(path)
+    _read_iv(on_bad_row, max_bytes)
+    names = (columns,) if isinstance(columns, str) else tuple(columns)
+    if not names:
+        raise LogError("no numeric column named: pass at least one")
+    labels = () if label_col is None else (label_col,)
+    fmt, compression = detect_format(path, format)
+
+    def plan_for(found: Sequence[str] | None, numeric: Callable[[str], bool]) -> _Plan:
+        missing = [c for c in (*names, *labels) if found is not None and c not in found]
+        if found is not None and missing:
+            kind = "array" if fmt in ("npz", "npy") else "column"
+            raise LogError(f"no {kind} {missing[0]!r} (found: {_list(found)})")
+        return _Plan(labels, names[:1], names[1:], grouped=False, key_name="label")
+
+    plan, digest = _read(path, fmt, compression, plan_for, on_bad_row, max_bytes, None)
+    bad, keys, values = _joined(digest, decode=True)
+    found_labels = None
+    if keys:
+        codes, n_ids, decoded = keys[0]
+        distinct = np.empty(n_ids, object)
+        distinct[:] = decoded
+        found_labels = distinct[codes].tolist()
+    return ColumnLog(dict(zip(plan.value_cols, values, strict=True)), found_labels,
+                     label_col, str(path), fmt, compression, bad)
+
+
+def _key_value(key: str) -> Any:
+    """The value a key of :func:`_keys_arrow` stands for: the type tag undone."""
+    if not key.startswith("\x00"):
+        return key
+    tag, _, text = key[1:].partition(":")
+    parse: dict[str, Callable[[str], Any]] = {"int": int, "float": float,
+                                              "bool": lambda t: t == "true"}
+    try:
+        return parse[tag](text)
+    except (KeyError, ValueError):  # a string that starts with NUL itself
+        return key
+
+
+def _read(path: Path, fmt: str, compression: str | None, plan_for: Callable[..., _Plan],
+          on_bad_row: str, max_bytes: int, progress: Callable[[int, int], None] | None
+          ) -> tuple[_Plan, _Digest]:
+    """Read a file of a detected format with the reader of that format."""
+    total = os.path.getsize(path)
+    report = None if progress is None else (lambda done: progress(done, total))
     _pa()
     workdir = None
     try:
@@ -1280,13 +1440,12 @@ def read_log(
         else:
             path_read = path
         if fmt == "csv":
-            plan, digest = _read_csv(path_read, compression, plan_for, on_bad_row, report)
-        elif fmt == "jsonl":
-            plan, digest = _read_jsonl(path_read, compression, plan_for, on_bad_row, report)
-        elif fmt == "parquet":
-            plan, digest = _read_parquet(path_read, plan_for, on_bad_row, report)
-        else:
-            plan, digest = _read_npz(path_read, fmt, plan_for, on_bad_row, max_bytes)
+            return _read_csv(path_read, compression, plan_for, on_bad_row, report)
+        if fmt == "jsonl":
+            return _read_jsonl(path_read, compression, plan_for, on_bad_row, report)
+        if fmt == "parquet":
+            return _read_parquet(path_read, plan_for, on_bad_row, report)
+        return _read_npz(path_read, fmt, plan_for, on_bad_row, max_bytes)
     except MemoryError:
         raise LogError("out of memory while reading") from None
     except UnicodeDecodeError as exc:  # e.g. column names that are not UTF-8
@@ -1296,34 +1455,41 @@ def read_log(
     finally:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
-    return _assemble(path, fmt, compression, plan, digest,
-                     weights or (1.0,) * len(plan.reward_cols), reward_agg)
 
 
-def _assemble(path: Path, fmt: str, compression: str | None, plan: _Plan, digest: _Digest,
-              weights: tuple[float, ...], reward_agg: str) -> RewardLog:
+def _joined(digest: _Digest, *, decode: bool = False
+            ) -> tuple[BadRows, list[tuple[np.ndarray, int, list[Any]]], list[np.ndarray]]:
+    """The bad rows; per key column its codes, the number of distinct keys and (``decode``)
+    the value of each; the value columns; each joined from its batches.  An error when no
+    row is left."""
     bad = BadRows(digest.bad, tuple(sorted(digest.examples)), digest.unit)
     pa = _pa()
-    codes: list[tuple[np.ndarray, int]] = []  # per group column: codes, distinct ids
+    keys = []
     # each column's batches are joined and dropped in turn (memory stays near one copy)
     while digest.groups:
         unified = pa.chunked_array(digest.groups.pop(0), type=_key_type())
         unified = unified.unify_dictionaries()
-        n_ids = len(unified.chunk(0).dictionary) if unified.num_chunks else 0
+        ids = unified.chunk(0).dictionary if unified.num_chunks else pa.array([], pa.string())
         idx = [c.indices.to_numpy(zero_copy_only=False) for c in unified.chunks]
-        del unified
-        codes.append((np.concatenate(idx) if idx else np.empty(0, np.int32), n_ids))
-        del idx
+        decoded = [_key_value(k) for k in ids.to_pylist()] if decode else []
+        keys.append((np.concatenate(idx) if idx else np.empty(0, np.int32), len(ids), decoded))
+        del unified, ids, idx
     values = []
     while digest.values:
         chunks = digest.values.pop(0)
         values.append(np.concatenate(chunks) if chunks else np.empty(0))
         del chunks
     pa.default_memory_pool().release_unused()
-    n = codes[0][0].size if codes else 0
-    if n == 0:
+    if values[0].size == 0:
         raise LogError("no rows (the file holds no responses)" if not bad.count
                        else f"no valid rows: {bad.summary()}")
+    return bad, keys, values
+
+
+def _assemble(path: Path, fmt: str, compression: str | None, plan: _Plan, digest: _Digest,
+              weights: tuple[float, ...], reward_agg: str) -> RewardLog:
+    bad, keys, values = _joined(digest)
+    codes = [(c, n_ids) for c, n_ids, _ in keys]  # per group column: codes, distinct ids
     if len(codes) > 1:  # a column with one value (one step) does not split groups
         codes = [c for c in codes if c[1] > 1] or codes[:1]
     step = np.diff(codes[0][0]) if len(codes) == 1 else None

@@ -4,6 +4,7 @@ API's, cross-fitted coverage checked against the conformal band in seeded simula
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,62 @@ def test_ranges_cross_fitted_coverage(tmp_path: Path, capsys: Any, mondrian: boo
     assert band_overlaps(cov["interval"], 1000 if mondrian else 3000, 5)
 
 
+@pytest.mark.parametrize("kind", ["parquet", "jsonl.gz"])
+def test_ranges_parquet_and_gzip_jsonl(tmp_path: Path, capsys: Any, kind: str) -> None:
+    judge, ref, _ = judge_rows(240, seed=14)
+    level = [i % 4 for i in range(240)]  # integer categories stay integers
+    if kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        log = tmp_path / "judge.parquet"
+        pq.write_table(pa.table({"judge": judge, "reference": ref, "level": level}), log)
+    else:
+        log = tmp_path / "judge.jsonl.gz"
+        with gzip.open(log, "wt") as f:
+            for j, r, c in zip(judge, ref, level, strict=True):
+                f.write(json.dumps({"judge": j, "reference": r, "level": c}) + "\n")
+    out = tmp_path / "r.npz"
+    report = run_json(capsys, "ranges", str(log), "--category-col", "level", "-o", str(out))
+    assert_identical(calibrate_ranges(judge, ref, alpha=ALPHA, categories=level),
+                     load_calibration(out))
+    assert [r["category"] for r in report["radius"]] == [0, 1, 2, 3]
+    assert report["bad_rows"] == 0
+
+
+def test_ranges_bad_rows_skipped_reported_or_strict(tmp_path: Path, capsys: Any) -> None:
+    judge, ref, _ = judge_rows(120, seed=15)
+    cats = [["easy", "hard"][i % 2] for i in range(120)]
+    lines = ["judge,reference,difficulty"] + [f"{j!r},{r!r},{c}" for j, r, c in
+                                              zip(judge.tolist(), ref.tolist(), cats,
+                                                  strict=True)]
+    lines[5] = f"nan,{float(ref[4])!r},easy"                 # file line 6: judge NaN
+    lines[9] = f"{float(judge[8])!r},{float(ref[8])!r},"    # file line 10: no category
+    lines[20] = "0.5,oops,hard"            # file line 21: unparsable reference
+    log = tmp_path / "judge.csv"
+    log.write_text("\n".join(lines) + "\n")
+    keep = np.ones(120, bool)
+    keep[[4, 8, 19]] = False
+    out = tmp_path / "r.npz"
+    code, text, err = run(capsys, "ranges", str(log), "--category-col", "difficulty",
+                          "-o", str(out))
+    assert code == 0, err
+    assert ("skipped 3 bad lines (line 6: empty or NaN value in column 'judge'; line 10: "
+            "empty label in column 'difficulty'; line 21: 'reference' value 'oops' is not a "
+            "number)") in text
+    assert "m = 117 labeled responses" in text
+    assert_identical(calibrate_ranges(judge[keep], ref[keep], alpha=ALPHA,
+                                      categories=[c for c, k in zip(cats, keep, strict=True)
+                                                  if k]), load_calibration(out))
+    out.unlink()
+    for strict in (["--strict"], ["--on-bad-row", "error"]):
+        code, _, err = run(capsys, "ranges", str(log), "--category-col", "difficulty",
+                           "-o", str(out), *strict)
+        assert code == 2 and not out.exists()
+        assert err == (f"advcal calibrate ranges: error: {log}: line 6: empty or NaN value "
+                       "in column 'judge'\n")
+
+
 # --------------------------------------------------------------------------- threshold
 
 
@@ -255,6 +312,15 @@ def test_plots(tmp_path: Path, capsys: Any) -> None:
     (["sets", "{paired}", "--plot", "{tmp}/x.txt", "-o", "{out}"], ".png, .pdf or .svg"),
     (["sets", "{paired}", "--alpha", "1.5", "-o", "{out}"], "alpha"),
     (["ranges", "{paired}", "-o", "{out}"], "no array 'reference'"),
+    (["ranges", "{judge}", "--category-col", "level", "-o", "{out}"],
+     "no column 'level' (found: judge, reference)"),
+    (["ranges", "{judge}", "--method", "normalized", "-o", "{out}"], "no column 'sigma'"),
+    (["ranges", "{judge}", "--format", "parquet", "-o", "{out}"],
+     "the content is a CSV file, not Parquet"),
+    (["ranges", "{srgo}", "--judge-col", "gram", "--reference-col", "rewards", "-o",
+      "{out}"], "array 'rewards' must hold numbers in 1 dimension"),
+    (["ranges", "{paired}", "--plot", "{tmp}/x.txt", "-o", "{out}"], ".png, .pdf or .svg"),
+    (["threshold", "{judge}", "-o", "{out}"], "cannot read as .npz"),
     (["threshold", "{paired}", "-o", "{out}"], "no array 'gram'"),
     (["threshold", "{badgram}", "-o", "{out}"], "'gram' must have shape"),
     (["threshold", "{srgo}", "--thresholds", "0.5,x", "-o", "{out}"], "--thresholds"),
@@ -270,7 +336,9 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: Any, argv: list[str],
     np.savez(tmp_path / "srgo.npz", rewards=pair.a, second=pair.b,
              gram=gram_matrices(20, 4, seed=1).gram)
     np.savez(tmp_path / "badgram.npz", rewards=pair.a, second=pair.b, gram=np.ones((20, 4)))
-    names = {"missing": tmp_path / "none.csv", "out": tmp_path / "o.npz", "tmp": tmp_path,
+    (tmp_path / "judge.csv").write_text("judge,reference\n0.5,0.4\n0.2,0.3\n")
+    names = {"judge": tmp_path / "judge.csv",
+             "missing": tmp_path / "none.csv", "out": tmp_path / "o.npz", "tmp": tmp_path,
              "paired": tmp_path / "paired.npz", "srgo": tmp_path / "srgo.npz",
              "badgram": tmp_path / "badgram.npz"}
     code, out, err = run(capsys, *[a.format(**names) for a in argv])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from advcal import scale_diagnostics
-from advcal.logs import PRESETS, LogError, detect_format, read_log
+from advcal.logs import PRESETS, LogError, detect_format, read_columns, read_log
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -175,10 +175,12 @@ def test_many_rows_across_blocks_and_one_broken_line(tmp_path, monkeypatch):
 
 
 def test_jsonl_ids_keep_their_json_type(tmp_path):
-    rows = [{"group": g, "reward": r} for g, r in
-            zip([1, 1, 1.0, 1.0, True, True, "1", "1"], range(8), strict=True)]
+    rows: list = [{"group": g, "reward": r} for g, r in
+                  zip([1, 1, 1.0, 1.0, True, True, "1", "1"], range(8), strict=True)]
+    rows.insert(3, '{"group": NaN, "reward": 9}')  # NaN names no group
     log = read_log(write_jsonl(tmp_path / "ids.jsonl", rows))
     assert flat(log) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert log.bad_rows.examples == ((4, "empty group id in column 'group'"),)
 
 
 # --------------------------------------------------------------------------- TRL
@@ -442,6 +444,145 @@ def test_deep_nesting_in_another_field_is_fine(tmp_path):
     path.write_text('{"group": "a", "reward": 1, "x": ' + deep + '}\n'
                     '{"group": "a", "reward": 0, "x": 1}\n', encoding="utf-8")
     assert flat(read_log(path)) == [[1.0, 0.0]]
+
+
+# --------------------------------------------------------------------------- read_columns
+
+LABELS = [1, "1", "hard", True, 2.5, 1, "hard"]  # JSON's 1, "1", true and 2.5 all differ
+
+
+def judge_table(n: int = 7) -> dict[str, list]:
+    return {"judge": [0.1 * i for i in range(n)], "reference": [0.05 * i for i in range(n)]}
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "jsonl.zst", "parquet", "npz", "csv"])
+def test_read_columns_labels_keep_their_type(tmp_path, kind):
+    cols = judge_table()
+    if kind.startswith("jsonl"):
+        rows = [{"prompt": "p", **{k: v[i] for k, v in cols.items()}, "cat": LABELS[i]}
+                for i in range(7)]
+        path = tmp_path / f"j.{kind}"
+        if kind == "jsonl.zst":
+            write_jsonl(tmp_path / "j.jsonl", rows)
+            with pa.CompressedOutputStream(str(path), "zstd") as out:
+                out.write((tmp_path / "j.jsonl").read_bytes())
+        else:
+            write_jsonl(path, rows, gzip.open if kind.endswith("gz") else open)
+        expected = LABELS
+    elif kind == "parquet":  # a typed column: integers stay integers, floats floats
+        path = tmp_path / "j.parquet"
+        pq.write_table(pa.table({**cols, "cat": [3, 1, 3, 2, 1, 1, 2],
+                                 "f": [0.5, 1.0, 0.5, 2.0, 1.0, 1.0, 2.0]}), path)
+        expected = [3, 1, 3, 2, 1, 1, 2]
+    elif kind == "npz":
+        path = tmp_path / "j.npz"
+        np.savez(path, judge=cols["judge"], reference=cols["reference"],
+                 cat=np.array(["b", "a", "b", "é", "a", "a", "é"]),
+                 raw=np.array([b"b", b"a", b"b", b"c", b"a", b"a", b"c"]),
+                 ints=np.array([5, -1, 5, 0, -1, -1, 0], np.int16))
+        expected = ["b", "a", "b", "é", "a", "a", "é"]
+    else:  # CSV has no types: every label is the text of its cell
+        path = tmp_path / "j.csv"
+        path.write_text("judge,reference,cat\n" + "".join(
+            f"{cols['judge'][i]!r},{cols['reference'][i]!r},{LABELS[i]}\n" for i in range(7)),
+            encoding="utf-8")
+        expected = [str(c) for c in LABELS]
+    log = read_columns(path, ["judge", "reference"], label_col="cat")
+    assert log.labels == expected
+    assert [type(c) for c in log.labels] == [type(c) for c in expected]
+    assert log.columns["judge"].tolist() == cols["judge"]  # file order: no grouping
+    assert log.columns["reference"].tolist() == cols["reference"]
+    assert log.bad_rows.count == 0 and log.label_col == "cat"
+    if kind == "parquet":
+        floats = read_columns(path, "judge", label_col="f").labels
+        assert floats == [0.5, 1.0, 0.5, 2.0, 1.0, 1.0, 2.0]
+        assert all(type(c) is float for c in floats)
+    if kind == "npz":
+        assert read_columns(path, "judge", label_col="raw").labels == list("babcaac")
+        assert read_columns(path, "judge", label_col="ints").labels == [5, -1, 5, 0, -1, -1, 0]
+    assert read_columns(path, ["reference"]).labels is None
+
+
+def test_read_columns_across_blocks_keeps_types_and_order(tmp_path, monkeypatch):
+    # small blocks: pyarrow parses the integer blocks, the mixed ones go line by line
+    import advcal.logs as logs
+
+    monkeypatch.setattr(logs, "_BLOCK", 4096)
+    rng = np.random.default_rng(3)
+    n = 4000
+    labels: list = [int(c) for c in rng.integers(0, 5, n)]
+    labels[3000:3010] = ["2"] * 10  # a string "2" among the integers 2
+    judge = np.round(rng.random(n), 4)
+    lines = [json.dumps({"judge": float(j), "cat": c}) for j, c in zip(judge, labels,
+                                                                       strict=True)]
+    lines[1234] = '{"judge": 0.5, "cat": 1'  # broken
+    log = read_columns(write_jsonl(tmp_path / "big.jsonl", lines), "judge", label_col="cat")
+    keep = np.arange(n) != 1234
+    assert log.labels == [c for c, k in zip(labels, keep, strict=True) if k]
+    assert log.columns["judge"].tolist() == judge[keep].tolist()
+    assert log.bad_rows.count == 1 and log.bad_rows.examples[0][0] == 1235
+
+
+def test_read_columns_bad_rows(tmp_path):
+    path = tmp_path / "j.jsonl"
+    path.write_text(
+        '{"judge": 0.5, "reference": 0.4, "cat": "a"}\n'
+        '{"judge": "", "reference": 0.4, "cat": "a"}\n'        # 2: empty value
+        '{"judge": "high", "reference": 0.4, "cat": "a"}\n'    # 3: not a number
+        '{"judge": true, "reference": 0.4, "cat": "a"}\n'      # 4: not a number
+        '{"judge": 0.5, "reference": Infinity, "cat": "a"}\n'  # 5: infinite
+        '{"judge": 0.5, "reference": 0.4, "cat": ""}\n'        # 6: empty label
+        '{"judge": 0.5, "reference": 0.4, "cat": null}\n'      # 7: no label
+        '{"judge": 0.5, "reference": 0.4, "cat": [1]}\n'       # 8: not a scalar
+        '{"judge": 0.5, "reference": 0.4, "cat": NaN}\n'       # 9: NaN label
+        '{"judge": 0.5, "reference": 0.4}\n'                   # 10: no label at all
+        '[1, 2]\n'                                             # 11: not an object
+        '{"judge": 0.25, "reference": "0.5", "cat": 7}\n', encoding="utf-8")
+    log = read_columns(path, ["judge", "reference"], label_col="cat")
+    assert log.labels == ["a", 7] and log.columns["reference"].tolist() == [0.4, 0.5]
+    assert log.bad_rows.count == 10 and log.bad_rows.unit == "line"
+    assert log.bad_rows.examples == (
+        (2, "empty or NaN value in column 'judge'"), (3, "'judge' value 'high' is not a number"),
+        (4, "'judge' value true is not a number"),
+        (5, "'reference' value inf is not a finite number"), (6, "empty label in column 'cat'"))
+    with pytest.raises(LogError, match=r"^line 2: empty or NaN value in column 'judge'$"):
+        read_columns(path, ["judge", "reference"], label_col="cat", on_bad_row="error")
+    only_bad = tmp_path / "bad.csv"
+    only_bad.write_text("judge,reference,cat\n0.5,,a\n0.5,0.1,\n0.5,0.1,a,extra\n",
+                        encoding="utf-8")
+    with pytest.raises(LogError, match=r"^no valid rows: skipped 3 bad lines \(line 2: empty "
+                                       r"or NaN value in column 'reference'; line 3: empty "
+                                       r"label in column 'cat'; line 4: 4 fields, expected 3\)$"):
+        read_columns(only_bad, ["judge", "reference"], label_col="cat")
+    table = pa.table({"judge": [0.5, None, 0.5], "cat": ["a", "b", None]})
+    pq.write_table(table, tmp_path / "j.parquet")
+    log = read_columns(tmp_path / "j.parquet", "judge", label_col="cat")
+    assert log.labels == ["a"] and log.bad_rows.unit == "row"
+    assert log.bad_rows.summary() == ("skipped 2 bad rows (row 2: empty or NaN value in "
+                                      "column 'judge'; row 3: empty label in column 'cat')")
+
+
+def test_read_columns_missing_columns_and_arrays(tmp_path):
+    (tmp_path / "j.csv").write_text("judge,reference\n0.5,0.4\n", encoding="utf-8")
+    with pytest.raises(LogError, match=r"^no column 'cat' \(found: judge, reference\)$"):
+        read_columns(tmp_path / "j.csv", ["judge", "reference"], label_col="cat")
+    with pytest.raises(LogError, match=r"^no column 'sigma'"):
+        read_columns(tmp_path / "j.csv", ["judge", "sigma"])
+    np.savez(tmp_path / "a.npz", judge=np.ones(3), wide=np.ones((3, 2)), cat=np.arange(4),
+             f=np.ones(3))
+    with pytest.raises(LogError, match=r"^no array 'reference' \(found: judge, wide, cat, f\)$"):
+        read_columns(tmp_path / "a.npz", ["judge", "reference"])
+    with pytest.raises(LogError, match=r"^array 'wide' must hold numbers in 1 dimension; "
+                                       r"got 2-D float64$"):
+        read_columns(tmp_path / "a.npz", ["judge", "wide"])
+    with pytest.raises(LogError, match=r"^array 'cat' must be 1-D with one label per row \(3\)"):
+        read_columns(tmp_path / "a.npz", "judge", label_col="cat")
+    with pytest.raises(LogError, match=r"^labels must be integers or strings; got float64$"):
+        read_columns(tmp_path / "a.npz", "judge", label_col="f")
+    with pytest.raises(LogError, match="on_bad_row must be 'skip' or 'error'"):
+        read_columns(tmp_path / "j.csv", "judge", on_bad_row="ignore")
+    with pytest.raises(LogError, match="no numeric column named"):
+        read_columns(tmp_path / "j.csv", [])
 
 
 # --------------------------------------------------------------------------- detection
