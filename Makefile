@@ -81,7 +81,7 @@ ifneq ($(CI),)
 endif
 	ADVCAL_SITE_DIR=site $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_site_math.py
 
-# Also the compiled kernels numba cached (advcal/_kernels/caching.py says where): in the tree,
+# Also the compiled kernels numba cached (advcal/_numba_cache.py says where): in the tree,
 # under $NUMBA_CACHE_DIR, and in the user cache directory.
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

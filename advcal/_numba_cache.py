@@ -1,21 +1,23 @@
-"""The one way engine kernels are compiled with an on-disk cache: ``cached_njit``.
+"""The one way advcal compiles numba kernels with an on-disk cache: ``cached_njit``.
 
 numba's own ``cache=True`` keys a cached kernel on the file that defines it, so a kernel
 keeps running old code after an edit to a constant or an ``@njit`` helper it imports from
 another file; it raises on a corrupt cache file; and it raises ``cannot cache function``
 when no cache directory is writable.  Here instead:
 
-- every kernel's cache lives in a directory named after a content hash of all the engine
-  sources (every ``*.py`` in ``advcal/_kernels/``), and the index records that hash: any
-  change to any engine file recompiles every kernel.  The engine modules import nothing
-  from ``advcal`` outside this directory (a test checks), so the hash covers all they use;
+- every kernel's cache lives in a directory named after a content hash of the engine
+  sources (every ``*.py`` in ``advcal/_kernels/``, and this file), and the index records
+  that hash: any change to any engine file recompiles every kernel.  The engine modules
+  import nothing else from ``advcal`` (a test checks), so the hash covers all they use.
+  A kernel defined in another file (an integration, a script) adds that file's hash;
 - an index or data file that cannot be read (empty, truncated, corrupt, not numba's) is a
   cache miss: the kernel is compiled and the file overwritten, with a ``KernelCacheWarning``;
   a failed save also only warns.  Files carry a checksum, so corrupt bytes never reach the
   unpickler or the linker;
-- the cache goes to the first writable one of ``NUMBA_CACHE_DIR``, the package's
-  ``__pycache__`` and the user cache directory (``$XDG_CACHE_HOME/advcal``, by default
-  ``~/.cache/advcal``); with none writable, kernels are compiled in memory only.
+- the cache goes to the first writable one of ``$NUMBA_CACHE_DIR/advcal``,
+  ``advcal/_kernels/__pycache__`` and the user cache directory (``$XDG_CACHE_HOME/advcal``,
+  by default ``~/.cache/advcal``), each holding one ``kernels-<source hash>`` directory;
+  with none writable, kernels are compiled in memory only.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from numba.misc.appdirs import user_cache_dir
 
 __all__ = ["KernelCacheWarning", "cache_dir", "cached_njit", "source_hash"]
 
-ENGINE_DIR = Path(__file__).resolve().parent
+ENGINE_DIR = Path(__file__).resolve().parent / "_kernels"
 _PREFIX = "kernels-"
 _DIGEST = hashlib.sha256().digest_size
 
@@ -55,39 +57,28 @@ class KernelCacheWarning(RuntimeWarning):
 
 @cache
 def source_hash() -> str:
-    """Hex digest of the names and contents of every engine source file.
-
-    Computed once per process, when the first kernel is compiled (at the import of the
-    engine modules), so that it describes the code this process runs.
-    """
+    """Hex digest of the names and contents of the engine sources, once per process (at
+    the first compiled kernel), so that it describes the code this process runs."""
     h = hashlib.sha256()
-    for path in sorted(ENGINE_DIR.glob("*.py")):
+    for path in [*sorted(ENGINE_DIR.glob("*.py")), Path(__file__).resolve()]:
         data = path.read_bytes()
         h.update(f"{path.name}\0{len(data)}\0".encode())
         h.update(data)
     return h.hexdigest()[:20]
 
 
-def _make_writable(path: Path) -> bool | None:
-    """Create ``path`` if needed and check that files can be written there: None if not,
-    else whether it was created now."""
+def _writable(path: Path) -> bool:
     try:
-        created = not path.is_dir()
         path.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=path).close()
     except OSError:
-        return None
-    return created
+        return False
+    return True
 
 
 @cache
 def cache_dir() -> Path | None:
-    """The directory this process caches compiled kernels in, or None (no caching).
-
-    The first writable one of ``$NUMBA_CACHE_DIR/advcal``, ``advcal/_kernels/__pycache__``
-    and the user cache directory ``advcal`` (``$XDG_CACHE_HOME/advcal``, else
-    ``~/.cache/advcal`` on Linux), each holding one ``kernels-<source hash>`` directory.
-    """
+    """The directory this process caches compiled kernels in, or None (no caching)."""
     leaf = _PREFIX + source_hash()
     in_tree = ENGINE_DIR / "__pycache__"
     roots = [in_tree]
@@ -98,24 +89,17 @@ def cache_dir() -> Path | None:
         roots.append(Path(user_cache_dir("advcal", appauthor=False)))
     except (OSError, KeyError, RuntimeError):  # no home directory to expand "~" into
         pass
+    # (a root left relative, e.g. an unexpanded "~", would cache under the cwd: skipped)
     for root in roots:
-        if not root.is_absolute():  # e.g. "~" left unexpanded: never cache under the cwd
-            continue
-        path = root / leaf
-        created = _make_writable(path)
-        if created is not None:
-            if created and root == in_tree:
-                _prune(in_tree, keep=leaf)
-            return path
+        if root.is_absolute() and _writable(root / leaf):
+            if root == in_tree:
+                # The package's own cache holds kernels of earlier versions of this tree
+                # only: drop them.  Shared locations may serve other installs.
+                for old in in_tree.glob(_PREFIX + "*"):
+                    if old.name != leaf:
+                        shutil.rmtree(old, ignore_errors=True)
+            return root / leaf
     return None
-
-
-def _prune(root: Path, keep: str) -> None:
-    # The package's own cache holds kernels of earlier versions of this tree only: drop
-    # them.  Shared locations may serve other installs and are left alone.
-    for old in root.glob(_PREFIX + "*"):
-        if old.name != keep and old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def _warn(message: str) -> None:
@@ -136,7 +120,6 @@ class _EngineLocator(_CacheLocator):
     def get_source_stamp(self) -> str:
         if Path(self._py_file).resolve().parent == ENGINE_DIR:
             return source_hash()
-        # a function defined elsewhere (a test, a script): its own file counts too
         return source_hash() + hashlib.sha256(Path(self._py_file).read_bytes()).hexdigest()
 
     def get_disambiguator(self) -> str:
@@ -158,11 +141,8 @@ class _EngineCacheImpl(CompileResultCacheImpl):
 
 
 class _CheckedCacheFile(IndexDataCacheFile):
-    """Index and data files as ``sha256(payload) + payload``; anything unreadable is a miss.
-
-    A miss returns an empty index, so the next save rewrites the index (and the data file
-    it names) from scratch.
-    """
+    """Index and data files as ``sha256(payload) + payload``; anything unreadable is a miss
+    (an empty index, so the next save rewrites the index and its data file from scratch)."""
 
     def _read_checked(self, path: str) -> bytes | None:
         try:
@@ -240,10 +220,9 @@ class _EngineCache(FunctionCache):
 
 
 def cached_njit(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
-    """``numba.njit(**options)(fn)`` with the engine cache described in this module.
+    """``numba.njit(**options)(fn)`` with the cache described above (never ``cache=``).
 
     Use as ``cached_njit(fn, nogil=True)`` or as a decorator ``@cached_njit(fastmath=...)``.
-    ``options`` are numba's, except ``cache`` (always on where a directory is writable).
     """
     if "cache" in options:
         raise TypeError("cached_njit: the cache is always on; drop the 'cache' option")

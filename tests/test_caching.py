@@ -1,4 +1,4 @@
-"""The on-disk kernel cache (``advcal._kernels.caching``): it never goes stale, never breaks.
+"""The on-disk kernel cache (``advcal._numba_cache``): it never goes stale, never breaks.
 
 Every case runs fresh Python processes on a copy of the installed package in a temporary
 directory, with the cache locations (``NUMBA_CACHE_DIR``, ``HOME``, ``XDG_CACHE_HOME``)
@@ -45,7 +45,7 @@ PROBE = textwrap.dedent(f"""
         got = advcal.grpo(r)
         ref = advcal.grpo(r, backend="numpy")
     from numba.core.dispatcher import Dispatcher
-    from advcal._kernels import caching
+    from advcal import _numba_cache as caching
     kernels = {{id(v): v for name, m in list(sys.modules.items())
                if name.startswith("advcal._kernels") for v in vars(m).values()
                if isinstance(v, Dispatcher)}}.values()
@@ -128,7 +128,7 @@ def test_an_edited_engine_constant_recompiles_and_an_unchanged_tree_loads(tmp_pa
 
 
 HELPER = """
-from advcal._kernels.caching import cached_njit
+from advcal._numba_cache import cached_njit
 
 SCALE = {scale}
 
@@ -139,7 +139,7 @@ def shift(x):
 """
 
 KERNEL = """
-from advcal._kernels.caching import cached_njit
+from advcal._numba_cache import cached_njit
 from advcal._kernels.zz_probe_helper import SCALE, shift
 
 
@@ -176,7 +176,7 @@ def test_an_edited_helper_or_constant_in_another_engine_file_recompiles(tmp_path
 
 SCRIPT = """
 import json
-from advcal._kernels.caching import cached_njit
+from advcal._numba_cache import cached_njit
 
 SCALE = {scale}
 
@@ -315,8 +315,9 @@ def test_a_read_only_install_without_a_writable_home_runs_uncached(tmp_path: Pat
 
 
 def test_engine_modules_import_only_engine_modules_from_advcal() -> None:
-    """The cache is keyed on the files of advcal/_kernels/ alone: a kernel that used code or
-    constants from another advcal module would not be recompiled when that module changed."""
+    """The cache is keyed on the files of advcal/_kernels/ and advcal/_numba_cache.py alone: a
+    kernel that used code or constants from another advcal module would not be recompiled
+    when that module changed."""
     outside = []
     for path in sorted(ENGINE.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -325,13 +326,13 @@ def test_engine_modules_import_only_engine_modules_from_advcal() -> None:
                      and node.level == 0 else [])
             outside += [f"{path.name}: {n}" for n in names
                         if n.split(".")[0] == "advcal"
-                        and not n.startswith("advcal._kernels")]
+                        and not n.startswith(("advcal._kernels", "advcal._numba_cache"))]
     assert not outside
 
 
 def test_engine_modules_compile_through_cached_njit() -> None:
     """numba's own ``cache=True`` goes stale on edits to other files and raises in a
-    read-only install: engine modules cache through ``caching.cached_njit`` only."""
+    read-only install: engine modules cache through ``_numba_cache.cached_njit`` only."""
     own = []
     for path in sorted(ENGINE.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -33,7 +33,7 @@ def compile_serial(loop: Callable[..., Any], fastmath: frozenset[str]) -> Any:
     ``error_model="numpy"`` lets x / 0 give inf/nan instead of raising inside the
     kernel; the wrappers guarantee no such division reaches the output.
     """
-    from advcal._kernels.caching import cached_njit
+    from advcal._numba_cache import cached_njit
 
     return cached_njit(loop, nogil=True, error_model="numpy", fastmath=set(fastmath))
 

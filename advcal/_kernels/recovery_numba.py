@@ -16,7 +16,6 @@ import math
 import numpy as np
 from numba import njit
 
-from advcal._kernels.caching import cached_njit
 from advcal._kernels.ggsr import (
     GRAM_RTOL,
     NOT_FINITE,
@@ -30,6 +29,7 @@ from advcal._kernels.ggsr import (
 )
 from advcal._kernels.modes import FASTMATH
 from advcal._kernels.pool import compile_serial, run_over_groups
+from advcal._numba_cache import cached_njit
 
 _FASTMATH = set(FASTMATH)
 ETA_TOL = 1e-13  # absolute accuracy of η*

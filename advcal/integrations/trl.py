@@ -266,7 +266,7 @@ def _scale_metrics(values: np.ndarray, offsets: np.ndarray, method: str,
         n_zero_gap = n_scorable - inverse.size
     else:
         if _group_scales is None:  # compiled on first use (numba's import is slow)
-            from advcal._kernels.caching import cached_njit
+            from advcal._numba_cache import cached_njit
 
             # advcal's kernel cache: numba's own breaks on read-only installs and goes stale
             _group_scales = cached_njit(_group_scales_loop)
