@@ -2,13 +2,16 @@
 
 Two compiled kernels, serial loops over groups that write only their own slices, so
 ``pool.run_over_groups`` may run them on chunks of groups from several threads with
-results independent of the thread count: ``_plain`` for the common call (``maxnorm``
-without binning, clipping or omitted NaN) and ``_groups`` for everything else, ``resolve``
-included.  Both go through ``_group_scale`` and ``_weight``; the dead-zone rule is
-``_dead``.  Arithmetic is float64 whatever the reward dtype.  See ``maxnorm_numpy`` for
-the shared arguments; both functions also return the wrapper's checks ``ok`` (no group
-with a non-finite valid reward or max |u|) and ``in_bounds`` (no valid reward outside
-``[lo, hi]``).
+results independent of the thread count: ``_plain`` computes MaxNorm weights of the
+rewards as they are; ``_groups`` first bins (or clips) the chunk's rewards into a float64
+output, then computes MaxNorm weights of them in place (``maxnorm``) or only the zero-gap
+mask (``resolve``).  Both go through ``_weights``, ``_stats``, ``_group_scale`` and
+``_weight``; the dead-zone rule is ``_dead``.  Groups are index ranges, not slices: a
+slice costs a reference count per group, and unsigned indices spare the loops the
+negative-index test that keeps them from vectorizing.  Arithmetic is float64 whatever
+the reward dtype.  See ``maxnorm_numpy`` for the shared arguments; both functions also
+return the wrapper's checks ``ok`` (no non-finite valid reward or max |u|) and
+``in_bounds`` (no valid reward outside ``[lo, hi]``).
 """
 from __future__ import annotations
 
@@ -39,8 +42,7 @@ def _key(v):
 
 @njit(inline="always")
 def _unkey(k):
-    """The float64 of a ``_key``; a NaN's key gives a NaN, so the callers' finiteness
-    test of the extremes also finds NaN rewards."""
+    """The float64 of a ``_key`` (a NaN's key gives a NaN: a non-finite extreme)."""
     return np.int64(k ^ ((k >> 63) & _MAGNITUDE)).view(np.float64)
 
 
@@ -93,125 +95,89 @@ def _group_scale(n, shift, total, bmin, bmax, tau, loo, dead_zone, raw_singleton
 
 
 @njit(inline="always")
-def _valid(g, omit_nan):
-    """(number of valid rewards, index of the first) of one group."""
-    if not omit_nan:
-        return g.size, 0
-    n = 0
-    for i in range(g.size):
-        n += not math.isnan(g[i])
-    start = 0
-    while start < g.size and math.isnan(g[start]):
-        start += 1
-    return n, start
+def _stats(x, a, b, omit_nan):
+    """(count, shift, sum minus the shift, smallest, largest) of the valid values of
+    ``x[a:b]``.  The shift is the first valid value, so a zero-gap group centers to exact
+    0; an omitted NaN stands in as the shift, which adds 0 and moves no extreme, while a
+    NaN not omitted makes the sum and an extreme NaN.  Reads only, so the sum's order
+    cannot depend on where the output lies."""
+    start = a
+    while omit_nan and start < b and math.isnan(x[start]):
+        start += np.uint64(1)
+    shift = np.float64(x[start]) if start < b else 0.0
+    total = nans = 0.0
+    klo = khi = _key(shift)
+    for i in range(a, b):
+        v = np.float64(x[i])
+        nan = omit_nan and math.isnan(v)
+        nans += nan
+        v = shift if nan else v
+        total += v - shift
+        klo = min(klo, _key(v))
+        khi = max(khi, _key(v))
+    return b - a - nans, shift, total, _unkey(klo), _unkey(khi)
 
 
 @njit(inline="always")
-def _scan(g, lo, hi, clip, inv_delta, kmax, omit_nan, with_sum):
-    """Statistics of the valid rewards of one group: count, shift (the first binned
-    reward: a zero-gap group then centers to exact 0), sum of binned rewards minus the
-    shift (if ``with_sum``), smallest and largest binned reward, whether a reward is not
-    finite, and whether one lies outside ``[lo, hi]``.  Reads only, so the sum's order
-    cannot depend on where the output lies.  An omitted NaN is replaced by the first
-    valid reward, which adds 0 and moves no extreme."""
-    n, start = _valid(g, omit_nan)
-    if n == 0:
-        return 0, 0.0, 0.0, math.inf, -math.inf, False, False
-    first = np.float64(g[start])
-    shift = _bin(first, lo, hi, clip, inv_delta, kmax)
-    total = 0.0
-    if with_sum:  # (a loop of its own: a branch in the loop below keeps it scalar)
-        for i in range(g.size):
-            v = np.float64(g[i])
-            v = first if omit_nan and math.isnan(v) else v
-            total += _bin(v, lo, hi, clip, inv_delta, kmax) - shift
-    low = high = _key(first)
-    for i in range(g.size):
-        v = np.float64(g[i])
-        v = first if omit_nan and math.isnan(v) else v
-        low = min(low, _key(v))
-        high = max(high, _key(v))
-    vmin = _unkey(low)
-    vmax = _unkey(high)
-    bad = not (math.isfinite(vmin) and math.isfinite(vmax))
-    # binning is monotone: the extreme rewards give the extreme bins
-    return (n, shift, total, _bin(vmin, lo, hi, clip, inv_delta, kmax),
-            _bin(vmax, lo, hi, clip, inv_delta, kmax), bad, (vmin < lo) | (vmax > hi))
-
-
-def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi, clip,
-            inv_delta, kmax, omit_nan, weights, out):
-    """MaxNorm weights (omitted NaN get 0) or, ``weights`` False, binned rewards (omitted
-    NaN stay NaN) into ``out``; ``keep`` and ``scale`` per group unless empty (not
-    requested).  Returns (groups with a non-finite reward or max |u|, groups with a valid
-    reward outside ``[lo, hi]``)."""
-    if not weights:  # one pass over the chunk: a long loop vectorizes, short groups not
-        chunk = x[offsets[0]:offsets[offsets.size - 1]]
-        binned = out[offsets[0]:offsets[offsets.size - 1]]
-        for i in range(chunk.size):
-            binned[i] = _bin(np.float64(chunk[i]), lo, hi, clip, inv_delta, kmax)
+def _weights(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi,
+             omit_nan, out):
+    """MaxNorm weights of x into ``out`` (omitted NaN get 0); ``keep`` and ``scale`` per group
+    unless empty (not requested).  Returns (groups with a non-finite reward, sum or
+    max |u|, or a NaN not omitted; groups with a valid reward outside ``[lo, hi]``)."""
     per_group = keep.size > 0
-    n_bad = 0
-    n_out = 0
+    n_bad = n_out = 0
     for q in range(offsets.size - 1):
-        g = x[offsets[q]:offsets[q + 1]]
-        o = out[offsets[q]:offsets[q + 1]]
-        n, shift, total, bmin, bmax, bad, outside = _scan(g, lo, hi, clip, inv_delta, kmax,
-                                                          omit_nan, weights)
-        n_out += outside
-        if per_group:
-            keep[q] = n >= 2 and bmin != bmax
-        if not weights:
-            n_bad += bad
-            continue
-        shift, mean, factor, s = _group_scale(n, shift, total, bmin, bmax, tau, loo,
+        a, b = np.uint64(offsets[q]), np.uint64(offsets[q + 1])
+        n, shift, total, low, high = _stats(x, a, b, omit_nan)
+        shift, mean, factor, s = _group_scale(n, shift, total, low, high, tau, loo,
                                               dead_zone, raw_singletons)
-        n_bad += bad | (not math.isfinite(total)) | (not math.isfinite(s))
+        n_bad += (not math.isfinite(total)) | (not math.isfinite(low)) | (
+            not math.isfinite(high)) | (not math.isfinite(s))
+        n_out += (n > 0) & ((low < lo) | (high > hi))
         if per_group:
+            keep[q] = (n >= 2) & (low != high)
             scale[q] = s
-        for i in range(g.size):
-            v = np.float64(g[i])
-            w = _weight(_bin(v, lo, hi, clip, inv_delta, kmax), shift, mean, factor, s,
-                        dead_zone)
-            o[i] = 0.0 if omit_nan and math.isnan(v) else w
+        for i in range(a, b):
+            v = np.float64(x[i])
+            w = _weight(v, shift, mean, factor, s, dead_zone)
+            out[i] = 0.0 if omit_nan and math.isnan(v) else w
     return n_bad, n_out
 
 
 def _plain(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi, out):
-    """``_groups`` for the common call: MaxNorm weights without binning, clipping or
-    omitted NaN, in loops short enough for LLVM to vectorize.  A NaN or inf reward makes
-    the group's sum (or an extreme) non-finite: that is the finiteness check."""
-    per_group = keep.size > 0
-    n_bad = 0
-    n_out = 0
+    """MaxNorm weights of the rewards as they are (no binning, clipping or omitted NaN)."""
+    return _weights(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi,
+                    False, out)
+
+
+def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi, clip,
+            inv_delta, kmax, omit_nan, weights, out):
+    """The rewards binned (omitted NaN stay NaN) into the float64 ``out`` in one pass
+    over the chunk (a long loop vectorizes, short groups not), then their MaxNorm
+    weights in place or, ``weights`` False, ``keep`` only.  Returns as ``_weights``,
+    the checks made on the rewards before binning."""
+    neutral = min(max(0.0, lo), hi)  # stands in for a NaN in the extremes: finite, in bounds
+    nans = 0.0
+    klo = khi = _key(neutral)
+    for i in range(np.uint64(offsets[0]), np.uint64(offsets[offsets.size - 1])):
+        v = np.float64(x[i])
+        nan = math.isnan(v)
+        nans += nan
+        klo = min(klo, _key(neutral if nan else v))
+        khi = max(khi, _key(neutral if nan else v))
+        out[i] = _bin(v, lo, hi, clip, inv_delta, kmax)
+    low, high = _unkey(klo), _unkey(khi)
+    n_bad = ((nans > 0) & (not omit_nan)) | (not math.isfinite(low)) | (
+        not math.isfinite(high))
+    n_out = np.int64((low < lo) | (high > hi))
+    if weights:  # (out is also the input: LLVM sees no overlap to test for)
+        n_bad += _weights(offsets, scale, keep, out, tau, loo, dead_zone, raw_singletons,
+                          -math.inf, math.inf, omit_nan, out)[0]
+        return n_bad, n_out
     for q in range(offsets.size - 1):
-        g = x[offsets[q]:offsets[q + 1]]
-        o = out[offsets[q]:offsets[q + 1]]
-        if g.size == 0:
-            if per_group:
-                keep[q] = False
-                scale[q] = tau
-            continue
-        shift = np.float64(g[0])
-        total = 0.0
-        klo = khi = _key(shift)
-        for i in range(g.size):
-            v = np.float64(g[i])
-            total += v - shift
-            klo = min(klo, _key(v))
-            khi = max(khi, _key(v))
-        low = _unkey(klo)
-        high = _unkey(khi)
-        n_out += (low < lo) | (high > hi)
-        shift, mean, factor, s = _group_scale(g.size, shift, total, low, high, tau, loo,
-                                              dead_zone, raw_singletons)
-        n_bad += (not math.isfinite(total)) | (not math.isfinite(low)) | (
-            not math.isfinite(high)) | (not math.isfinite(s))
-        if per_group:
-            keep[q] = (g.size >= 2) & (low != high)
-            scale[q] = s
-        for i in range(g.size):
-            o[i] = _weight(np.float64(g[i]), shift, mean, factor, s, dead_zone)
+        n, _, _, low, high = _stats(out, np.uint64(offsets[q]), np.uint64(offsets[q + 1]),
+                                    omit_nan)
+        keep[q] = (n >= 2) & (low != high)
     return n_bad, n_out
 
 
@@ -228,13 +194,18 @@ def _sums(chunks):
     return n_bad == 0, n_out == 0
 
 
+def _in_dtype(x, out):
+    """The float64 ``out`` in the dtype of ``x``."""
+    return out if x.dtype == out.dtype else out.astype(x.dtype)
+
+
 def resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan, threaded=None):
     keep = np.empty(offsets.size - 1, dtype=np.bool_)
-    out = np.empty_like(x)
+    out = np.empty(x.size)
     chunks = run_over_groups(_groups_kernel, offsets, (_NO_SCALE, keep), x, 1.0, False, 0.0,
                              False, lo, hi, clip, inv_delta, kmax, omit_nan, False, out,
                              threaded=threaded)
-    return (out, keep, *_sums(chunks))
+    return (_in_dtype(x, out), keep, *_sums(chunks))
 
 
 def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta,
@@ -243,12 +214,15 @@ def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta
     if per_group:
         scale = np.empty(offsets.size - 1)
         keep = np.empty(offsets.size - 1, dtype=np.bool_)
-    out = np.empty_like(x)
     if not (clip or inv_delta != 0.0 or omit_nan):
+        out = np.empty_like(x)
         chunks = run_over_groups(_plain_kernel, offsets, (scale, keep), x, tau, loo,
-                                 dead_zone, raw_singletons, lo, hi, out, threaded=threaded)
+                                 dead_zone, raw_singletons, lo, hi, out,
+                                 threaded=threaded)
     else:
+        out = np.empty(x.size)  # binned rewards, then weights, in float64
         chunks = run_over_groups(_groups_kernel, offsets, (scale, keep), x, tau, loo,
                                  dead_zone, raw_singletons, lo, hi, clip, inv_delta, kmax,
                                  omit_nan, True, out, threaded=threaded)
+        out = _in_dtype(x, out)
     return (out, scale, keep, *_sums(chunks))
