@@ -15,7 +15,6 @@ of first appearance of each label, as :func:`advcal.groups_from_ids`).
 from __future__ import annotations
 
 import math
-from types import ModuleType
 from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
@@ -91,6 +90,8 @@ class _Protocol(NamedTuple):
     bounded: bool
 
 
+# The common call: no bounds, no binning.
+_UNBOUNDED = _Protocol(-math.inf, math.inf, False, 0.0, 0.0, 0.0, False)
 
 
 def _check_bool(value: Any, name: str) -> bool:
@@ -105,6 +106,8 @@ def _protocol_iv(resolution: Any, bounds: Any, clip: Any) -> _Protocol:
     if bounds is None:
         if clip:
             raise ValueError("`clip=True` needs `bounds` to clip into.")
+        if resolution is None:
+            return _UNBOUNDED
         lo, hi = -math.inf, math.inf
     else:
         lo, hi = check_bounds(bounds)
@@ -126,6 +129,8 @@ def _check_finite_and_bounds(batch: Batch, protocol: _Protocol, omit: bool, ok: 
                              in_bounds: bool) -> None:
     # The kernels report whether a group held a non-finite valid reward (not ok) and
     # whether a valid reward left the bounds; the values for the message are found here.
+    if ok and in_bounds:
+        return
     if not ok:
         raise_bad_values(batch.values, omit)
     if protocol.bounded and not protocol.clip and not in_bounds:
@@ -218,14 +223,7 @@ def resolve_rewards(
     return ResolvedRewards(batch.restore(out), keep)
 
 
-class _MaxNormOutput(NamedTuple):
-    batch: Batch
-    flat: np.ndarray
-    scale: np.ndarray
-    keep: np.ndarray
-
-
-def _maxnorm_iv(
+def _maxnorm_run(
     rewards: ArrayLike,
     offsets: ArrayLike | None,
     group_ids: ArrayLike | None,
@@ -238,7 +236,10 @@ def _maxnorm_iv(
     singleton: Any,
     nan_policy: Any,
     backend: Any,
-) -> tuple[Batch, float, bool, float, bool, _Protocol, bool, ModuleType]:
+    per_group: bool,
+) -> tuple[Batch, np.ndarray, np.ndarray, np.ndarray]:
+    """Validate a :func:`maxnorm` call and run it: ``(batch, flat weights, scale, keep)``;
+    ``per_group=False`` skips ``scale`` and ``keep`` (empty then)."""
     tau = check_real(tau_res, "tau_res", low=0.0, low_inclusive=False)
     check_choice(baseline, "baseline", BASELINES)
     dead = 0.0 if dead_zone is None else check_real(dead_zone, "dead_zone", low=0.0)
@@ -247,39 +248,13 @@ def _maxnorm_iv(
     protocol = _protocol_iv(resolution, bounds, clip)
     batch, raw, omit = as_policy_batch(rewards, offsets, group_ids, singleton=singleton,
                                        nan_policy=nan_policy, backend=backend)
-    return batch, tau, baseline == "rloo", dead, raw, protocol, omit, engine("maxnorm", backend)
-
-
-def _maxnorm_groups(
-    rewards: ArrayLike,
-    offsets: ArrayLike | None = None,
-    *,
-    group_ids: ArrayLike | None = None,
-    tau_res: float,
-    baseline: str = "rloo",
-    resolution: float | None = None,
-    dead_zone: float | None = None,
-    bounds: tuple[float, float] | None = None,
-    clip: bool = False,
-    singleton: str = "zero",
-    nan_policy: str = "raise",
-    backend: str = "numba",
-    per_group: bool = True,
-) -> _MaxNormOutput:
-    """:func:`maxnorm` with the per-group outputs, for the diagnostics (not public).
-
-    ``per_group=False`` skips ``scale`` and ``keep`` (empty then): one write per group less.
-    """
-    batch, tau, loo, dead, raw, protocol, omit, engine = _maxnorm_iv(
-        rewards, offsets, group_ids, tau_res, baseline, resolution, dead_zone, bounds,
-        clip, singleton, nan_policy, backend,
-    )
-    out, scale, keep, ok, in_bounds = engine.maxnorm(
-        batch.values, batch.offsets, tau, loo, dead, raw, protocol.lo, protocol.hi,
-        protocol.clip, protocol.delta, protocol.inv_delta, protocol.kmax, omit, per_group,
+    out, scale, keep, ok, in_bounds = engine("maxnorm", backend).maxnorm(
+        batch.values, batch.offsets, tau, baseline == "rloo", dead, raw, protocol.lo,
+        protocol.hi, protocol.clip, protocol.delta, protocol.inv_delta, protocol.kmax, omit,
+        per_group,
     )
     _check_finite_and_bounds(batch, protocol, omit, ok, in_bounds)
-    return _MaxNormOutput(batch, out, scale, keep)
+    return batch, out, scale, keep
 
 
 @overload
@@ -402,12 +377,10 @@ def maxnorm(
     MaxNormResult(advantages=array([-1.,  0.,  1.]), scale=array([0.5]), keep=array([ True]))
     """
     return_scale = _check_bool(return_scale, "return_scale")
-    result = _maxnorm_groups(
-        rewards, offsets, group_ids=group_ids, tau_res=tau_res, baseline=baseline,
-        resolution=resolution, dead_zone=dead_zone, bounds=bounds, clip=clip,
-        singleton=singleton, nan_policy=nan_policy, backend=backend, per_group=return_scale,
+    batch, flat, scale, keep = _maxnorm_run(
+        rewards, offsets, group_ids, tau_res, baseline, resolution, dead_zone, bounds, clip,
+        singleton, nan_policy, backend, return_scale,
     )
-    weights = result.batch.restore(result.flat)
     if return_scale:
-        return MaxNormResult(weights, result.scale, result.keep)
-    return weights
+        return MaxNormResult(batch.restore(flat), scale, keep)
+    return batch.restore(flat)
