@@ -38,8 +38,8 @@ def cases(quick: bool) -> list[Case]:
     scratch = np.empty(flat_lo.size)
 
     def dominance_kernel(threaded: bool | None) -> object:
-        return run_over_groups(ranges_numba._dominance_kernel, offsets, (), flat_lo, flat_hi,
-                               sorted_lo, sorted_hi, width, scratch, threaded=threaded)
+        return run_over_groups(ranges_numba._relation_kernel, offsets, (), flat_lo, flat_hi,
+                               sorted_lo, sorted_hi, width, 0, scratch, threaded=threaded)
 
     out = [
         Case(

@@ -16,7 +16,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numba
 import numpy as np
+
+from advcal._numba_cache import cached_njit
 
 # Below this many rewards per thread, handing work to a thread (waking it, collecting its
 # result) costs more than it saves.
@@ -28,20 +31,14 @@ _pool_pid = -1
 
 
 def compile_serial(loop: Callable[..., Any], fastmath: frozenset[str]) -> Any:
-    """Compile a plain loop over groups once: cached on disk, releasing the GIL.
-
-    ``error_model="numpy"`` lets x / 0 give inf/nan instead of raising inside the
-    kernel; the wrappers guarantee no such division reaches the output.
-    """
-    from advcal._numba_cache import cached_njit
-
+    """A loop over groups compiled once, cached on disk, releasing the GIL.  With
+    ``error_model="numpy"`` x / 0 gives inf/nan (the wrappers keep those out of the output)
+    instead of raising."""
     return cached_njit(loop, nogil=True, error_model="numpy", fastmath=set(fastmath))
 
 
 def n_threads() -> int:
     """The thread count the user gave numba (``NUMBA_NUM_THREADS``, ``set_num_threads``)."""
-    import numba
-
     return int(numba.get_num_threads())
 
 
@@ -73,14 +70,12 @@ def chunk_bounds(offsets: np.ndarray, n_chunks: int) -> np.ndarray:
 
 def run_over_groups(kernel: Any, offsets: np.ndarray, per_group: Sequence[np.ndarray],
                     *args: Any, threaded: bool | None = None) -> list[Any]:
-    """Results of ``kernel(offsets, *per_group, *args)``, run on chunks of whole groups.
+    """Results of ``kernel(offsets, *per_group, *args)``, one per chunk of whole groups.
 
-    ``kernel`` loops over ``range(offsets.size - 1)``; every chunk gets its own view of
-    ``offsets`` and of each per-group array (empty arrays are passed unsliced, as "not
-    requested"), while ``args`` (the rewards, the output) are shared: a chunk reads and
-    writes only the positions its offsets name.  Returns one result per chunk, in order.
-    ``threaded``: None chooses by the number of rewards; True uses every thread numba may
-    use (any size), False none.
+    Each chunk gets its own view of ``offsets`` and of each per-group array (an empty one
+    is passed unsliced, as "not requested"); ``args`` (rewards, output) are shared, and a
+    chunk touches only the positions its offsets name.  ``threaded``: None chooses by the
+    number of rewards, True uses every thread numba may use, False none.
     """
     if threaded is None:  # by size; small batches skip asking numba
         n_values = int(offsets[-1])

@@ -49,45 +49,52 @@ def _unpad(offsets, padded, out):
             out[start + t] = padded[q, t]
 
 
-def _dominance(offsets, lo, hi, sorted_lo, sorted_hi, max_size, out):
-    # Scratch for one group at a time, allocated once per call (per chunk of groups).
+def _relation(offsets, lo, hi, sorted_lo, sorted_hi, max_size, relation, out):
+    """A_i of every group, by ``relation`` (see ``range_advantages``)."""
+    # Dominance's scratch for one group at a time, allocated once per call (per chunk).
     below = np.empty(max_size + 1)  # below[c]: sum of the c smallest h
     above = np.empty(max_size + 1)  # above[c]: sum of the l from the c-th smallest on
     pos = np.empty(max_size, dtype=np.int64)
     for q in range(offsets.size - 1):
         start = offsets[q]
         stop = offsets[q + 1]
-        n = stop - start
-        if n == 0:
+        if stop == start:
             continue
         # Views indexed from 0: numba drops its negative-index wraparound, and LLVM
         # vectorizes the loops.
-        lo_q = lo[start:stop]
-        hi_q = hi[start:stop]
-        sorted_lo_q = sorted_lo[start:stop]
-        sorted_hi_q = sorted_hi[start:stop]
-        out_q = out[start:stop]
-        # Shift by a member of the group: translation leaves the differences unchanged.
-        ref = lo_q[0]
-        acc = 0.0
-        below[0] = 0.0
-        for t in range(n):
-            acc += sorted_hi_q[t] - ref
-            below[t + 1] = acc
-        acc = 0.0
-        above[n] = 0.0
-        for t in range(n - 1, -1, -1):
-            acc += sorted_lo_q[t] - ref
-            above[t] = acc
-        # c_i = #{h_j < l_i}: Σ_j (l_i − h_j)₊ = c_i·l_i − below[c_i].
-        _count_below(sorted_hi_q, lo_q, n, pos, True)
-        for i in range(n):
-            out_q[i] = pos[i] * (lo_q[i] - ref) - below[pos[i]]
-        # c'_i = #{l_j <= h_i}: Σ_j (l_j − h_i)₊ = above[c'_i] − (n − c'_i)·h_i.
-        _count_below(sorted_lo_q, hi_q, n, pos, False)
-        for i in range(n):
-            behind = above[pos[i]] - (n - pos[i]) * (hi_q[i] - ref)
-            out_q[i] = (out_q[i] - behind) / n
+        if relation == 0:
+            _dominance(lo[start:stop], hi[start:stop], sorted_lo[start:stop],
+                       sorted_hi[start:stop], below, above, pos, out[start:stop])
+        elif relation == 1:
+            _midpoint(lo[start:stop], hi[start:stop], out[start:stop])
+        else:
+            _probabilistic(lo[start:stop], hi[start:stop], out[start:stop])
+
+
+@njit(inline="always")
+def _dominance(lo_q, hi_q, sorted_lo_q, sorted_hi_q, below, above, pos, out_q):
+    n = lo_q.size
+    # Shift by a member of the group: translation leaves the differences unchanged.
+    ref = lo_q[0]
+    acc = 0.0
+    below[0] = 0.0
+    for t in range(n):
+        acc += sorted_hi_q[t] - ref
+        below[t + 1] = acc
+    acc = 0.0
+    above[n] = 0.0
+    for t in range(n - 1, -1, -1):
+        acc += sorted_lo_q[t] - ref
+        above[t] = acc
+    # c_i = #{h_j < l_i}: Σ_j (l_i − h_j)₊ = c_i·l_i − below[c_i].
+    _count_below(sorted_hi_q, lo_q, n, pos, True)
+    for i in range(n):
+        out_q[i] = pos[i] * (lo_q[i] - ref) - below[pos[i]]
+    # c'_i = #{l_j <= h_i}: Σ_j (l_j − h_i)₊ = above[c'_i] − (n − c'_i)·h_i.
+    _count_below(sorted_lo_q, hi_q, n, pos, False)
+    for i in range(n):
+        behind = above[pos[i]] - (n - pos[i]) * (hi_q[i] - ref)
+        out_q[i] = (out_q[i] - behind) / n
 
 
 @njit(inline="always")
@@ -108,24 +115,17 @@ def _count_below(sorted_values, x, n, pos, strict):
         pos[i] += 1 if (v < x[i] if strict else v <= x[i]) else 0
 
 
-def _midpoint(offsets, lo, hi, out):
-    for q in range(offsets.size - 1):
-        start = offsets[q]
-        stop = offsets[q + 1]
-        n = stop - start
-        if n == 0:
-            continue
-        lo_q = lo[start:stop]
-        hi_q = hi[start:stop]
-        out_q = out[start:stop]
-        # Deviations from a member's midpoint: equal midpoints give exact zeros.
-        ref = 0.5 * (lo_q[0] + hi_q[0])
-        total = 0.0
-        for t in range(n):
-            total += 0.5 * (lo_q[t] + hi_q[t]) - ref
-        mean = total / n
-        for t in range(n):
-            out_q[t] = (0.5 * (lo_q[t] + hi_q[t]) - ref) - mean
+@njit(inline="always")
+def _midpoint(lo_q, hi_q, out_q):
+    n = lo_q.size
+    # Deviations from a member's midpoint: equal midpoints give exact zeros.
+    ref = 0.5 * (lo_q[0] + hi_q[0])
+    total = 0.0
+    for t in range(n):
+        total += 0.5 * (lo_q[t] + hi_q[t]) - ref
+    mean = total / n
+    for t in range(n):
+        out_q[t] = (0.5 * (lo_q[t] + hi_q[t]) - ref) - mean
 
 
 @njit(inline="always")
@@ -159,42 +159,33 @@ def _sign_expectation(li, hi_, lj, hj):
     return 1.0 - 2.0 * _sum_cdf(hj - li, wi, wj)
 
 
-def _probabilistic(offsets, lo, hi, out):
-    for q in range(offsets.size - 1):
-        start = offsets[q]
-        stop = offsets[q + 1]
-        n = stop - start
-        if n == 0:
-            continue
-        lo_q = lo[start:stop]
-        hi_q = hi[start:stop]
-        out_q = out[start:stop]
-        ref = lo_q[0]
-        for i in range(n):
-            out_q[i] = 0.0
-        # φ is antisymmetric: each pair once, added to i and subtracted from j.
-        for i in range(n):
-            li = lo_q[i] - ref
-            hi_i = hi_q[i] - ref
-            mi = 0.5 * (li + hi_i)
-            for j in range(i + 1, n):
-                lj = lo_q[j] - ref
-                hj = hi_q[j] - ref
-                gap = mi - 0.5 * (lj + hj)
-                if gap != 0.0:
-                    phi = gap * abs(_sign_expectation(li, hi_i, lj, hj))
-                    out_q[i] += phi
-                    out_q[j] -= phi
-        for i in range(n):
-            out_q[i] /= n
+@njit(inline="always")
+def _probabilistic(lo_q, hi_q, out_q):
+    n = lo_q.size
+    ref = lo_q[0]
+    for i in range(n):
+        out_q[i] = 0.0
+    # φ is antisymmetric: each pair once, added to i and subtracted from j.
+    for i in range(n):
+        li = lo_q[i] - ref
+        hi_i = hi_q[i] - ref
+        mi = 0.5 * (li + hi_i)
+        for j in range(i + 1, n):
+            lj = lo_q[j] - ref
+            hj = hi_q[j] - ref
+            gap = mi - 0.5 * (lj + hj)
+            if gap != 0.0:
+                phi = gap * abs(_sign_expectation(li, hi_i, lj, hj))
+                out_q[i] += phi
+                out_q[j] -= phi
+    for i in range(n):
+        out_q[i] /= n
 
 
 _sort_groups_kernel = compile_serial(_sort_groups, FASTMATH)
 _pad_kernel = compile_serial(_pad, FASTMATH)
 _unpad_kernel = compile_serial(_unpad, FASTMATH)
-_dominance_kernel = compile_serial(_dominance, FASTMATH)
-_midpoint_kernel = compile_serial(_midpoint, FASTMATH)
-_probabilistic_kernel = compile_serial(_probabilistic, FASTMATH)
+_relation_kernel = compile_serial(_relation, FASTMATH)
 
 
 def _sorted_within_groups(x, offsets, max_size, threaded):
@@ -222,13 +213,12 @@ def range_advantages(lo, hi, offsets, relation, threaded=None):
     ``threaded`` as in ``pool.run_over_groups`` (None: threads by size).
     """
     out = np.empty(lo.size)
+    max_size = 0
+    sorted_lo = sorted_hi = lo[:0]  # read by dominance only
     if relation == 0:
         max_size = int(np.diff(offsets).max(initial=0))
         sorted_lo = _sorted_within_groups(lo, offsets, max_size, threaded)
         sorted_hi = _sorted_within_groups(hi, offsets, max_size, threaded)
-        run_over_groups(_dominance_kernel, offsets, (), lo, hi, sorted_lo, sorted_hi,
-                        max_size, out, threaded=threaded)
-    else:
-        kernel = _midpoint_kernel if relation == 1 else _probabilistic_kernel
-        run_over_groups(kernel, offsets, (), lo, hi, out, threaded=threaded)
+    run_over_groups(_relation_kernel, offsets, (), lo, hi, sorted_lo, sorted_hi, max_size,
+                    relation, out, threaded=threaded)
     return out
