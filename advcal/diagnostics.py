@@ -9,9 +9,10 @@ measures all three on a batch of rewards for several estimators side by side;
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -215,6 +216,55 @@ def _method_weights(method: str, groups: _Groups, values: np.ndarray,
     return REGISTRY[method].scale(values, groups.batch.offsets, settings, dict(options))
 
 
+def _percentiles(values: np.ndarray, q: tuple[float, ...]) -> tuple[list[float], float]:
+    """``numpy.percentile(values, q)`` (linear) and the maximum of a non-empty 1-D array,
+    from a partition around the order statistics they need (not a full sort)."""
+    last = values.size - 1
+    positions = []
+    for p in q:
+        h = last * (p / 100.0)
+        lo = math.floor(h)
+        positions.append((lo, min(lo + 1, last), h - lo))
+    kth = sorted({k for lo, hi, _ in positions for k in (lo, hi)} | {last})
+    x = np.partition(values, kth)
+    out = []
+    for lo, hi, t in positions:
+        a, b = float(x[lo]), float(x[hi])
+        # numpy's _lerp: from the nearer end, so that t = 1 gives b exactly
+        out.append(b - (b - a) * (1.0 - t) if t >= 0.5 else a + (b - a) * t)
+    return out, float(x[last])
+
+
+class _ScaleSummary(NamedTuple):
+    """The inverse-scale statistics and zero-gap fraction of one method on one batch."""
+
+    informative: np.ndarray
+    inverse: np.ndarray
+    p50: float
+    p95: float
+    p99: float
+    top: float
+    zero_gap_fraction: float
+
+
+def _scale_summary(scaled: Scaled, scorable: np.ndarray) -> _ScaleSummary:
+    """1/s_q of the informative groups, its P50/P95/P99 and max, and the fraction of the
+    scorable groups (two or more valid responses; the rule's own if it omitted NaN)
+    that the method skips: what :func:`scale_diagnostics` reports and what the TRL
+    trainer logs every step (from the registry's scale rule, NaN for an empty set)."""
+    if scaled.scorable is not None:
+        scorable = scaled.scorable
+    informative = scorable & scaled.informative
+    inverse = 1.0 / scaled.scale[informative]
+    n_scorable = int(np.count_nonzero(scorable))
+    zero_gap = (n_scorable - inverse.size) / n_scorable if n_scorable else math.nan
+    if not inverse.size:
+        return _ScaleSummary(informative, inverse, math.nan, math.nan, math.nan, math.nan,
+                             zero_gap)
+    (p50, p95, p99), top = _percentiles(inverse, (50.0, 95.0, 99.0))
+    return _ScaleSummary(informative, inverse, p50, p95, p99, top, zero_gap)
+
+
 def _method_options(batch: Batch, options: Any, methods: tuple[str, ...]
                     ) -> dict[str, dict[str, Any]]:
     """Per-method keywords, per-response ones brought into grouped order."""
@@ -391,21 +441,20 @@ def scale_diagnostics(
     groups = _Groups(batch)
     out = {}
     for method in methods:
-        weights, scale, gap, kl_weight = _method_weights(method, groups, batch.values,
-                                                         settings, method_options[method])
-        informative = groups.scorable & gap
-        inverse = 1.0 / scale[informative]
+        scaled = _method_weights(method, groups, batch.values, settings,
+                                 method_options[method])
+        weights, scale, kl_weight = scaled.weights, scaled.scale, scaled.kl_weight
+        summary = _scale_summary(scaled, groups.scorable)
+        informative, inverse = summary.informative, summary.inverse
         # An estimator that adjusts the KL coefficient per group (beta_q = beta * kl_weight)
         # has beta_eff,q = beta_q * s_q.
         kl = np.ones(inverse.size) if kl_weight is None else kl_weight[informative]
         beta_eff = beta * kl * scale[informative]
         if inverse.size:
-            p50, p95, p99 = (float(p) for p in np.percentile(inverse, [50, 95, 99]))
-            stats = (p50, p95, p99, float(inverse.max()), float(beta_eff.min()),
-                     float(beta_eff.max()),
+            stats = (float(beta_eff.min()), float(beta_eff.max()),
                      float(np.mean(groups.mean_abs(weights)[informative] / (beta * kl))))
         else:
-            stats = (np.nan,) * 7
+            stats = (np.nan,) * 3
         cosine = None
         if second is not None:
             other = _method_weights(method, groups, second, settings,
@@ -417,14 +466,14 @@ def scale_diagnostics(
         out[method] = MethodDiagnostics(
             method=method,
             inverse_scale=inverse,
-            inverse_scale_p50=stats[0],
-            inverse_scale_p95=stats[1],
-            inverse_scale_p99=stats[2],
-            inverse_scale_max=stats[3],
-            zero_gap_fraction=float(np.sum(groups.scorable & ~gap) / np.sum(groups.scorable)),
-            beta_eff_min=stats[4],
-            beta_eff_max=stats[5],
-            reward_kl_ratio=stats[6],
+            inverse_scale_p50=summary.p50,
+            inverse_scale_p95=summary.p95,
+            inverse_scale_p99=summary.p99,
+            inverse_scale_max=summary.top,
+            zero_gap_fraction=summary.zero_gap_fraction,
+            beta_eff_min=stats[0],
+            beta_eff_max=stats[1],
+            reward_kl_ratio=stats[2],
             max_abs_weight=float(np.max(np.abs(weights))) if weights.size else 0.0,
             direction_cosine=cosine,
             n_informative=int(inverse.size),

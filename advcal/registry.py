@@ -39,7 +39,9 @@ MaxNorm-AC docs page):
 
 from __future__ import annotations
 
+import functools
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -124,12 +126,16 @@ class Scaled(NamedTuple):
     kl_weight : ndarray of float64, shape (B,), or None
         Per-group multiplier of the KL coefficient (beta_q = beta * kl_weight), for
         estimators that adjust it (grpo_kl_comp); None: beta for every group.
+    scorable : ndarray of bool, shape (B,), or None
+        Groups with two or more valid responses, from a rule that left NaN rewards out
+        (``nan_policy="omit"`` in its options); None: read it off the group sizes.
     """
 
     weights: np.ndarray
     scale: np.ndarray
     informative: np.ndarray
     kl_weight: np.ndarray | None = None
+    scorable: np.ndarray | None = None
 
 
 #: ``scale(values, offsets, settings, options)``: values are flat finite rewards in
@@ -199,6 +205,11 @@ def _count(mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return segment_sum(mask.astype(np.float64), offsets)
 
 
+# Deviations are rescaled to units of the group's largest one only outside these bounds,
+# where their squares could under- or overflow float64.
+_TINY, _HUGE = 2.0 ** -400, 2.0 ** 400
+
+
 def _group_std(values: np.ndarray, offsets: np.ndarray, ddof: int) -> np.ndarray:
     """Per-group standard deviation, exactly 0 for a constant group (float64)."""
     sizes = np.diff(offsets)
@@ -208,21 +219,121 @@ def _group_std(values: np.ndarray, offsets: np.ndarray, ddof: int) -> np.ndarray
     shift[sizes > 0] = x[offsets[:-1][sizes > 0]]
     # Deviations from a member of the group: a constant group has exactly 0 spread.
     d = x - shift[codes]
-    # In units of the group's largest deviation, as the estimators' kernels rescale: the
-    # squares of a tiny (or huge) spread neither underflow nor overflow.
+    # A tiny (or huge) spread in units of the group's largest deviation, as the estimators'
+    # kernels rescale: its squares neither underflow nor overflow.
     top = np.zeros(sizes.size)
     if codes.size:
         top[sizes > 0] = np.maximum.reduceat(np.abs(d), offsets[:-1][sizes > 0])
-    unit = np.where(top > 0, top, 1.0)
+    unit = np.where(((top > _TINY) & (top < _HUGE)) | (top == 0.0), 1.0, top)
     z = d / unit[codes]
-    mean = np.bincount(codes, z, sizes.size) / np.maximum(sizes, 1)
-    ss = np.bincount(codes, (z - mean[codes]) ** 2, sizes.size)
+    t1 = np.bincount(codes, z, sizes.size)
+    t2 = np.bincount(codes, z * z, sizes.size)
+    mean = t1 / np.maximum(sizes, 1)
+    # One pass (t2 - t1 * mean), unless it cancels (loses more than 3 bits) or the
+    # deviations were rescaled: then the sum of squares around the mean.
+    ss = t2 - t1 * mean
+    again = (unit != 1.0) | ~(t2 <= 8.0 * ss)
+    if again.any():
+        ss = np.where(again, np.bincount(codes, (z - mean[codes]) ** 2, sizes.size), ss)
     return unit * np.sqrt(ss / np.maximum(sizes - ddof, 1))
 
 
+class _Spread(NamedTuple):
+    """Per-group count of valid rewards, their std (float64) and whether they differ."""
+
+    n_valid: np.ndarray
+    std: np.ndarray
+    gap: np.ndarray
+
+
+def _spread_loop(values: np.ndarray, offsets: np.ndarray, ddof: int, omit: bool,
+                 count: np.ndarray, std: np.ndarray, gap: np.ndarray) -> None:
+    """The numba twin of ``_group_std`` (and the extremes): the same sums in the same
+    order, in one pass over the group unless its squares cancel or would under- or
+    overflow."""
+    for q in range(offsets.size - 1):
+        n = 0
+        shift = low = high = t1 = t2 = 0.0
+        for i in range(offsets[q], offsets[q + 1]):
+            x = np.float64(values[i])
+            if omit and math.isnan(x):
+                continue
+            if n == 0:
+                shift = low = high = x
+            low = min(low, x)
+            high = max(high, x)
+            d = x - shift
+            t1 += d
+            t2 += d * d
+            n += 1
+        count[q] = n
+        gap[q] = high != low
+        std[q] = 0.0
+        if high == low:
+            continue
+        top = max(high - shift, shift - low)
+        unit = 1.0 if _TINY < top < _HUGE else top
+        if unit == 1.0:
+            mean = t1 / n
+            ss = t2 - t1 * mean
+        else:
+            t1 = 0.0
+            for i in range(offsets[q], offsets[q + 1]):
+                x = np.float64(values[i])
+                if not (omit and math.isnan(x)):
+                    t1 += (x - shift) / unit
+            mean = t1 / n
+        if unit != 1.0 or not t2 <= 8.0 * ss:
+            ss = 0.0
+            for i in range(offsets[q], offsets[q + 1]):
+                x = np.float64(values[i])
+                if not (omit and math.isnan(x)):
+                    z = (x - shift) / unit - mean
+                    ss += z * z
+        std[q] = unit * math.sqrt(ss / max(n - ddof, 1))
+
+
+@functools.cache
+def _spread_kernel() -> Any:
+    from advcal._numba_cache import cached_njit  # numba is imported on first use only
+
+    return cached_njit(_spread_loop, nogil=True, error_model="numpy")
+
+
+def _group_spread(values: np.ndarray, offsets: np.ndarray, ddof: int, omit: bool,
+                  backend: str) -> _Spread:
+    """Count, std (``ddof``; 0 for a constant group) and gap of every group's rewards,
+    NaN rewards left out with ``omit``: the per-group facts of the std and unit scale
+    rules, in one pass of a compiled loop (``backend="numba"``) or with numpy."""
+    n_groups = offsets.size - 1
+    if backend == "numba":
+        count = np.empty(n_groups, dtype=np.int64)
+        std = np.empty(n_groups)
+        gap = np.empty(n_groups, dtype=np.bool_)
+        _spread_kernel()(values, offsets, ddof, omit, count, std, gap)
+        return _Spread(count, std, gap)
+    if omit:
+        valid = ~np.isnan(values)
+        offsets = np.concatenate(([0], np.cumsum(valid)))[offsets]
+        values = values[valid]
+    low, high = _extremes(values, offsets)
+    return _Spread(np.diff(offsets), _group_std(values, offsets, ddof), high != low)
+
+
+@functools.cache
 def _default(function: Callable[..., Any], keyword: str) -> Any:
     """The default of ``function``'s ``keyword`` (one source for the estimator's default)."""
     return inspect.signature(function).parameters[keyword].default
+
+
+def _omits(options: dict[str, Any]) -> bool:
+    """The caller asked for NaN rewards to be left out (only the TRL trainer does: the
+    scale diagnostics take finite rewards)."""
+    return options.get("nan_policy") == "omit"
+
+
+def _scorable(spread: _Spread, omit: bool) -> np.ndarray | None:
+    return spread.n_valid >= 2 if omit else None
 
 
 def _unit_scale(function: Callable[..., np.ndarray]) -> ScaleRule:
@@ -231,8 +342,10 @@ def _unit_scale(function: Callable[..., np.ndarray]) -> ScaleRule:
     def rule(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,
              options: dict[str, Any]) -> Scaled:
         weights = function(values, offsets, backend=settings.backend, **options)
-        sizes, gap = _sizes_and_gap(values, offsets)
-        return Scaled(weights, np.ones(sizes.size), gap)
+        omit = _omits(options)
+        spread = _group_spread(values, offsets, 1, omit, settings.backend)
+        return Scaled(weights, np.ones(offsets.size - 1), spread.gap,
+                      scorable=_scorable(spread, omit))
 
     return rule
 
@@ -245,13 +358,15 @@ def _std_scale(function: Callable[..., np.ndarray], *, unique_top: bool = False)
         options = {"eps": settings.eps, **options}
         weights = function(values, offsets, backend=settings.backend, **options)
         ddof = options.get("ddof", _default(function, "ddof"))
-        scale = _group_std(values, offsets, ddof) + options["eps"]
-        sizes, gap = _sizes_and_gap(values, offsets)
+        omit = _omits(options)
+        spread = _group_spread(values, offsets, ddof, omit, settings.backend)
+        scale = spread.std + options["eps"]
+        gap = spread.gap
         if unique_top:
             top = expand(_extremes(values, offsets)[1], offsets)
             gap = _count(values == top, offsets) == 1
         # A zero scale (eps = 0 and all rewards equal) is a skipped group.
-        return Scaled(weights, scale, gap & (scale > 0.0))
+        return Scaled(weights, scale, gap & (scale > 0.0), scorable=_scorable(spread, omit))
 
     return rule
 
@@ -261,10 +376,12 @@ def _batch_std_scale(values: np.ndarray, offsets: np.ndarray, settings: Diagnost
     options = {"eps": settings.eps, **options}
     weights = batch_std(values, offsets, backend=settings.backend, **options)
     ddof = options.get("ddof", _default(batch_std, "ddof"))
-    call = _point_iv(values, offsets, None, "zero", "raise", settings.backend)
-    sizes, gap = _sizes_and_gap(values, offsets)
-    scale = np.full(sizes.size, _batch_std(call, ddof) + options["eps"])
-    return Scaled(weights, scale, gap & (scale > 0.0))
+    omit = _omits(options)
+    call = _point_iv(values, offsets, None, "zero", "omit" if omit else "raise",
+                     settings.backend)
+    spread = _group_spread(values, offsets, ddof, omit, settings.backend)
+    scale = np.full(offsets.size - 1, _batch_std(call, ddof) + options["eps"])
+    return Scaled(weights, scale, spread.gap & (scale > 0.0), scorable=_scorable(spread, omit))
 
 
 def _reinforce_pp_scale(values: np.ndarray, offsets: np.ndarray,
@@ -300,7 +417,11 @@ def _maxnorm_scale(values: np.ndarray, offsets: np.ndarray, settings: Diagnostic
                    options: dict[str, Any]) -> Scaled:
     options = {"tau_res": settings.tau_res, "resolution": settings.resolution, **options}
     result = maxnorm(values, offsets, backend=settings.backend, return_scale=True, **options)
-    return Scaled(result.advantages, result.scale, result.keep)
+    scorable = None
+    if _omits(options):
+        unscorable = np.diff(np.searchsorted(np.flatnonzero(np.isnan(values)), offsets))
+        scorable = np.diff(offsets) - unscorable >= 2
+    return Scaled(result.advantages, result.scale, result.keep, scorable=scorable)
 
 
 def _baseline_scale(function: Callable[..., Any], *, kl_compensated: bool = False

@@ -296,3 +296,52 @@ def test_bad_settings_name_the_argument(kwargs, match) -> None:
     with pytest.raises((ValueError, TypeError), match=match):
         _Recording(model=_model(tok), reward_funcs=_length_reward, args=config,
                    train_dataset=dataset, processing_class=tok, **kwargs)
+
+
+def _trls_own_advantages(rewards_per_func, weights, aggregation, scaling, group_size):
+    """TRL's advantages by the lines of the installed ``GRPOTrainer`` itself, from its
+    unscorable mask to its local slice (not a copy of its formulas), in float64: in
+    TRL's float32 a group of close rewards loses digits that the test is not about."""
+    import inspect
+    import textwrap
+    from types import SimpleNamespace
+
+    from trl.trainer.utils import nanstd
+
+    lines = inspect.getsource(trl.GRPOTrainer._generate_and_score_completions).splitlines()
+    first = next(i for i, line in enumerate(lines)
+                 if "unscorable_mask = torch.isnan(rewards_per_func)" in line)
+    last = next(i for i, line in enumerate(lines)
+                if "advantages = advantages[process_slice]" in line)
+    n, n_funcs = rewards_per_func.shape
+    trainer = SimpleNamespace(
+        reward_weights=torch.tensor(weights, dtype=torch.float64),
+        multi_objective_aggregation=aggregation, scale_rewards=scaling,
+        reward_funcs=[None] * n_funcs, accelerator=SimpleNamespace(process_index=0))
+    namespace = {"self": trainer, "torch": torch, "nanstd": nanstd, "device": "cpu",
+                 "rewards_per_func": torch.tensor(rewards_per_func, dtype=torch.float64),
+                 "num_generations": group_size, "prompts": [None] * n}
+    exec(textwrap.dedent("\n".join(lines[first:last + 1])), namespace)
+    return namespace["advantages"].numpy()
+
+
+@pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
+@pytest.mark.parametrize("scaling", ["group", "batch", "none"])
+def test_grpo_mode_equals_trls_own_code_with_none_rewards(aggregation, scaling) -> None:
+    from advcal.integrations.trl import _settings_iv
+
+    rng = np.random.default_rng(0)
+    weights = np.array([1.0, 0.5])
+    mixin = object.__new__(AdvcalGRPOMixin)
+    mixin._advcal = _settings_iv("grpo", None, None, None, None, None, 0)
+    mixin.multi_objective_aggregation = aggregation
+    mixin.scale_rewards = scaling
+    for trial in range(20):
+        n_groups, g = int(rng.integers(1, 12)), int(rng.integers(2, 7))
+        per_func = np.round(rng.uniform(0, 1, (n_groups * g, 2)), 2)
+        # None from one function, from the other, or from both (the row leaves its group)
+        per_func[rng.uniform(size=per_func.shape) < (0.0, 0.1, 0.4)[trial % 3]] = np.nan
+        expected = _trls_own_advantages(per_func, weights, aggregation, scaling, g)
+        got, _ = mixin._advcal_advantages(trl_rewards(per_func, weights, aggregation, g))
+        np.testing.assert_allclose(got.ravel(), expected, rtol=0, atol=1e-6)
+        np.testing.assert_array_equal(got.ravel()[np.isnan(per_func).all(axis=1)], 0.0)

@@ -1,5 +1,6 @@
-"""The TRL integration's logged scale metrics: its own cheap path against
-advcal.scale_diagnostics (the oracle), and by hand.  Needs neither torch nor TRL."""
+"""The TRL integration's logged scale metrics against advcal.scale_diagnostics (the
+oracle) and by hand, and the registry's per-group spread they come from.  Needs neither
+torch nor TRL."""
 
 from __future__ import annotations
 
@@ -9,73 +10,121 @@ import numpy as np
 import pytest
 
 import advcal
-from advcal.integrations.trl import TRL_EPS, _quantiles, _scale_metrics, _valid_groups
+from advcal.diagnostics import _percentiles
+from advcal.integrations.trl import TRL_EPS, _grouped, _metrics
+from advcal.registry import _group_spread
 
 KEYS = ("inverse_scale_p50", "inverse_scale_p95", "inverse_scale_p99", "inverse_scale_max",
         "zero_gap_fraction")
 
 
-def _oracle(values, offsets, mode, options):
-    diag = advcal.scale_diagnostics(values, offsets, methods=(mode,), eps=TRL_EPS,
-                                    tau_res=0.05, options={mode: options} if options else None)
-    return {key: getattr(diag[mode], key) for key in KEYS}
+def _trainer_metrics(rewards: np.ndarray, estimator: str, options: dict[str, Any]
+                     ) -> tuple[np.ndarray, dict[str, float]]:
+    scaled, scorable = _grouped(rewards, estimator, options)
+    return scaled.weights.reshape(rewards.shape), _metrics(scaled, scorable)
+
+
+def _scorable_batch(rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The scorable rewards as a ragged batch (what scale_diagnostics takes)."""
+    valid = ~np.isnan(rewards)
+    offsets = np.concatenate(([0], np.cumsum(valid.sum(axis=1))))
+    return rewards[valid], offsets
+
+
+def _oracle(rewards: np.ndarray, method: str, options: dict[str, Any]) -> dict[str, float]:
+    values, offsets = _scorable_batch(rewards)
+    diag = advcal.scale_diagnostics(values, offsets, methods=(method,), eps=TRL_EPS,
+                                    tau_res=0.05, options={method: options} if options else None)
+    return {key: getattr(diag[method], key) for key in KEYS}
 
 
 def test_by_hand() -> None:
     rewards = np.array([[1.0, 0.0, 1.0, 0.0], [0.5, 0.5, 0.5, 0.5], [0.2, np.nan, 0.4, np.nan]])
-    values, offsets, where = _valid_groups(rewards)
-    np.testing.assert_array_equal(offsets, [0, 4, 8, 10])
-    np.testing.assert_array_equal(where, [0, 1, 2, 3, 4, 5, 6, 7, 8, 10])
-    got = _scale_metrics(values, offsets, "grpo")
+    advantages, got = _trainer_metrics(rewards, "grpo", {})
     # informative groups: 1 (std sqrt(1/3)) and 3 (std 0.1 * sqrt 2); group 2 is zero-gap
     inverse = np.sort([1 / (np.sqrt(1 / 3) + TRL_EPS), 1 / (0.2 / np.sqrt(2) + TRL_EPS)])
     assert got["inverse_scale_max"] == pytest.approx(inverse[1], rel=1e-12)
     assert got["inverse_scale_p50"] == pytest.approx(inverse.mean(), rel=1e-12)
     assert got["zero_gap_fraction"] == pytest.approx(1 / 3)
-    unit = _scale_metrics(values, offsets, "unit")
+    # None rewards leave their group and get 0; the others are GRPO's of what is left
+    third = 0.1 / (0.2 / np.sqrt(2) + TRL_EPS)
+    np.testing.assert_allclose(advantages[2], [-third, 0.0, third, 0.0], rtol=1e-12)
+    np.testing.assert_array_equal(advantages[1], 0.0)
+    _, unit = _trainer_metrics(rewards, "rloo", {})
     assert [unit[key] for key in KEYS] == [1.0, 1.0, 1.0, 1.0, pytest.approx(1 / 3)]
 
 
-def test_dense_batch_has_identity_positions() -> None:
-    rewards = np.array([[1.0, 0.0], [0.3, 0.3]])
-    values, offsets, where = _valid_groups(rewards)
-    assert where is None
-    np.testing.assert_array_equal(offsets, [0, 2, 4])
-    np.testing.assert_array_equal(values, rewards.ravel())
+def test_a_group_left_with_one_reward_is_not_scorable() -> None:
+    rewards = np.array([[0.2, np.nan, np.nan], [0.1, 0.3, 0.3], [0.4, 0.4, np.nan]])
+    for estimator, options in (("grpo", {}), ("rloo", {}), ("maxnorm", {"tau_res": 0.05})):
+        _, got = _trainer_metrics(rewards, estimator, options)
+        assert got["zero_gap_fraction"] == 0.5, estimator  # group 3 of groups 2 and 3
 
 
 def test_no_group_of_two_gives_nan_not_an_error() -> None:
-    got = _scale_metrics(np.array([0.3, 0.7]), np.array([0, 1, 2]), "grpo")
+    advantages, got = _trainer_metrics(np.array([[0.3, np.nan], [np.nan, 0.7]]), "grpo", {})
     assert all(np.isnan(got[key]) for key in KEYS)
+    np.testing.assert_array_equal(advantages, 0.0)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_equals_scale_diagnostics(seed: int) -> None:
     rng = np.random.default_rng(seed)
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("grpo", {}), ("rloo", {}), ("dr_grpo", {}), ("batch_std", {}),
+        ("maxnorm", {"tau_res": 0.05, "resolution": 0.01}), ("maxnorm", {"tau_res": 0.05})]
     for trial in range(20):
         b, g = int(rng.integers(1, 30)), int(rng.integers(2, 9))
         rewards = np.round(rng.uniform(0, 1, (b, g)) * rng.choice([1, 4, 100])) / 100
         if trial % 2:
             rewards[rng.uniform(size=rewards.shape) < 0.25] = np.nan  # None rewards
-        values, offsets, _ = _valid_groups(rewards)
-        if not (np.diff(offsets) >= 2).any():
+        if not (np.sum(~np.isnan(rewards), axis=1) >= 2).any():
             continue
-        for mode, method in (("grpo", "grpo"), ("rloo", "unit"), ("dr_grpo", "unit")):
-            got = _scale_metrics(values, offsets, method)
-            want = _oracle(values, offsets, mode, None)
+        for estimator, options in cases:
+            _, got = _trainer_metrics(rewards, estimator, options)
+            want = _oracle(rewards, estimator, options)
             for key in KEYS:
-                np.testing.assert_allclose(got[key], want[key], rtol=1e-12, err_msg=key)
-        options: dict[str, Any] = {"tau_res": 0.05, "resolution": 0.01}
-        result = advcal.maxnorm(values, offsets, return_scale=True, **options)
-        got = _scale_metrics(values, offsets, "maxnorm", result.scale, result.keep)
-        want = _oracle(values, offsets, "maxnorm", options)
-        for key in KEYS:
-            np.testing.assert_allclose(got[key], want[key], rtol=1e-12, err_msg=key)
+                np.testing.assert_allclose(got[key], want[key], rtol=1e-12,
+                                           err_msg=f"{estimator} {key}")
 
 
-def test_quantiles_are_numpys() -> None:
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("omit", [False, True])
+def test_spread_kernel_equals_its_numpy_twin(dtype: Any, omit: bool) -> None:
+    rng = np.random.default_rng(int(omit))
+    sizes = rng.integers(0, 9, 300)
+    values = np.round(rng.uniform(-1, 1, sizes.sum()) * rng.choice([1, 3, 100], sizes.sum()))
+    # magnitudes whose squares underflow or overflow (subnormals included)
+    tiny, huge, sub = (1e-30, 1e30, 1e-44) if dtype == np.float32 else (1e-300, 1e300, 1e-320)
+    values = (values * rng.choice([1.0, tiny, huge, sub], sizes.sum())).astype(dtype)
+    if omit:
+        values[rng.uniform(size=values.size) < 0.3] = np.nan
+    offsets = advcal.offsets_from_sizes(sizes)
+    for ddof in (0, 1):
+        fast = _group_spread(values, offsets, ddof, omit, "numba")
+        slow = _group_spread(values, offsets, ddof, omit, "numpy")
+        np.testing.assert_array_equal(fast.n_valid, slow.n_valid)
+        np.testing.assert_array_equal(fast.gap, slow.gap)
+        np.testing.assert_array_equal(fast.std, slow.std)
+
+
+def test_spread_by_hand() -> None:
+    values = np.array([0.0, 1e-300, 2.0, 2.0, np.nan, 3.0, 1.0, np.nan, 5.0, 1e300, -1e300])
+    offsets = np.array([0, 2, 5, 6, 9, 11])
+    for backend in ("numba", "numpy"):
+        got = _group_spread(values, offsets, 1, True, backend)
+        np.testing.assert_array_equal(got.n_valid, [2, 2, 1, 2, 2])
+        np.testing.assert_array_equal(got.gap, [True, False, False, True, True])
+        # a tiny and a huge spread neither underflow nor overflow
+        np.testing.assert_allclose(got.std, [1e-300 / np.sqrt(2), 0.0, 0.0, 2 * np.sqrt(2),
+                                             np.sqrt(2) * 1e300], rtol=1e-15)
+
+
+def test_percentiles_are_numpys() -> None:
     rng = np.random.default_rng(0)
-    for n in (1, 2, 3, 7, 64, 1000):
-        x = rng.lognormal(size=n)
-        q = (0.0, 50.0, 95.0, 99.0, 100.0)
-        np.testing.assert_array_equal(_quantiles(x, q), np.percentile(x, q))
+    for n in (1, 2, 3, 7, 64, 1000, 1001):
+        for x in (rng.lognormal(size=n), np.round(rng.uniform(size=n), 1)):
+            q = (0.0, 50.0, 95.0, 99.0, 100.0)
+            got, top = _percentiles(x, q)
+            np.testing.assert_array_equal(got, np.percentile(x, q))
+            assert top == x.max()

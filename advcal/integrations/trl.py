@@ -39,7 +39,8 @@ import numpy as np
 
 import advcal
 from advcal._validation import check_choice, check_keywords
-from advcal.registry import REGISTRY
+from advcal.diagnostics import _scale_summary
+from advcal.registry import REGISTRY, DiagnosticSettings, Scaled
 
 if TYPE_CHECKING:
     import torch
@@ -150,13 +151,16 @@ def trl_rewards(rewards_per_func: np.ndarray, weights: np.ndarray, aggregation: 
     array([[1. , nan],
            [1.5, 0.5]])
     """
-    per_func = np.asarray(rewards_per_func, dtype=np.float64)
+    per_func = np.asarray(rewards_per_func)
+    if per_func.dtype.kind != "f":
+        per_func = per_func.astype(np.float64)
     weights = np.asarray(weights, dtype=np.float64)
     if (per_func.shape[1] == 1 and aggregation == "sum_then_normalize"
-            and np.isfinite(weights[0]) and weights[0] != 0):
+            and math.isfinite(weights[0]) and weights[0] != 0):
         # One reward function: its weighted reward, NaN exactly where it returned None
         # (a finite nonzero weight makes no NaN of its own, as inf * 0 would).
-        return (per_func[:, 0] * weights[0]).reshape(-1, group_size)
+        return np.multiply(per_func[:, 0], weights[0], dtype=np.float64).reshape(-1, group_size)
+    per_func = per_func.astype(np.float64, copy=False)
     unscorable = np.isnan(per_func).all(axis=1)
     if aggregation == "normalize_then_sum":
         grouped = per_func.reshape(-1, group_size, per_func.shape[1])
@@ -174,116 +178,37 @@ def trl_rewards(rewards_per_func: np.ndarray, weights: np.ndarray, aggregation: 
     return combined.reshape(-1, group_size)
 
 
-def _valid_groups(rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """The scorable rewards as a ragged batch: values, offsets, and their flat positions
-    (None when every reward is scorable: the batch is dense, positions are the identity)."""
-    valid = ~np.isnan(rewards)
-    if valid.all():
-        n, g = rewards.shape
-        return rewards.ravel(), np.arange(0, n * g + 1, g, dtype=np.int64), None
-    offsets = np.zeros(rewards.shape[0] + 1, dtype=np.int64)
-    np.cumsum(np.count_nonzero(valid, axis=1), out=offsets[1:])
-    where = np.flatnonzero(valid)
-    return rewards.ravel()[where], offsets, where
+# How advcal's scale rules run inside the trainer: TRL's eps, the numba engine (maxnorm's
+# tau_res, required, always comes from advantage_options).
+_RULES = DiagnosticSettings(eps=TRL_EPS, tau_res=math.inf, resolution=None, backend="numba")
 
 
-def _group_scales_loop(values: np.ndarray, offsets: np.ndarray, use_std: bool, eps: float
-                       ) -> tuple[np.ndarray, int, int]:
-    """Inverse scales of the informative groups, number of groups with two or more
-    responses, and how many of those are zero-gap (all rewards equal).  Scale: the group
-    std (ddof 1, deviations from the first member, as advcal.registry's) + ``eps``, or 1."""
-    n_groups = offsets.size - 1
-    inverse = np.empty(n_groups)
-    k = 0
-    scorable = 0
-    zero_gap = 0
-    for q in range(n_groups):
-        start, stop = offsets[q], offsets[q + 1]
-        n = stop - start
-        if n < 2:
-            continue
-        scorable += 1
-        shift = values[start]
-        low = high = shift
-        total = 0.0
-        for i in range(start, stop):
-            x = values[i]
-            low = min(low, x)
-            high = max(high, x)
-            total += x - shift
-        if low == high:
-            zero_gap += 1
-            continue
-        scale = 1.0
-        if use_std:
-            mean = total / n
-            squares = 0.0
-            for i in range(start, stop):
-                d = values[i] - shift - mean
-                squares += d * d
-            scale = math.sqrt(squares / (n - 1)) + eps
-            if not scale > 0.0:
-                zero_gap += 1
-                continue
-        inverse[k] = 1.0 / scale
-        k += 1
-    return inverse[:k], scorable, zero_gap
-
-
-_group_scales: Any = None
-
-
-def _quantiles(values: np.ndarray, q: tuple[float, ...]) -> list[float]:
-    """``numpy.percentile`` (linear) of a 1-D array, without its per-call overhead."""
-    x = np.sort(values)
-    out = []
-    for p in q:
-        h = (x.size - 1) * (p / 100.0)
-        lo = math.floor(h)
-        hi = min(lo + 1, x.size - 1)
-        a, b, t = float(x[lo]), float(x[hi]), h - lo
-        # numpy's _lerp: from the nearer end, so that t = 1 gives b exactly
-        out.append(b - (b - a) * (1.0 - t) if t >= 0.5 else a + (b - a) * t)
-    return out
-
-
-def _scale_metrics(values: np.ndarray, offsets: np.ndarray, method: str,
-                   scale: np.ndarray | None = None, keep: np.ndarray | None = None
-                   ) -> dict[str, float]:
-    """The inverse-scale quantiles and zero-gap fraction of :func:`advcal.scale_diagnostics`
-    for one method, without its other statistics (the trainer logs only these).
-
-    ``method`` is "grpo" (scale: group std, ddof 1, + TRL's eps), "unit" (scale 1: Dr.GRPO,
-    RLOO, Range-GRPO on points) or "maxnorm" (``scale`` and ``keep`` from
-    ``advcal.maxnorm(..., return_scale=True)``).
-    """
-    global _group_scales
-    if method == "maxnorm":
-        assert scale is not None and keep is not None
-        scorable = np.diff(offsets) >= 2
-        inverse = 1.0 / scale[scorable & keep]
-        n_scorable = int(scorable.sum())
-        n_zero_gap = n_scorable - inverse.size
-    else:
-        if _group_scales is None:  # compiled on first use (numba's import is slow)
-            from advcal._numba_cache import cached_njit
-
-            # advcal's kernel cache: numba's own breaks on read-only installs and goes stale
-            _group_scales = cached_njit(_group_scales_loop)
-        inverse, n_scorable, n_zero_gap = _group_scales(
-            values, offsets, method == "grpo", TRL_EPS)
-    if inverse.size:
-        p50, p95, p99 = _quantiles(inverse, (50.0, 95.0, 99.0))
-        top = float(inverse.max())
-    else:
-        p50 = p95 = p99 = top = math.nan
+def _metrics(scaled: Scaled, scorable: np.ndarray) -> dict[str, float]:
+    """The logged scale metrics: :func:`advcal.scale_diagnostics`'s for the rule's
+    estimator (the registry's scale rule, summarised by the diagnostics' own code);
+    ``scorable``: the groups with two or more responses."""
+    summary = _scale_summary(scaled, scorable)
     return {
-        "inverse_scale_p50": p50,
-        "inverse_scale_p95": p95,
-        "inverse_scale_p99": p99,
-        "inverse_scale_max": top,
-        "zero_gap_fraction": n_zero_gap / n_scorable if n_scorable else math.nan,
+        "inverse_scale_p50": summary.p50,
+        "inverse_scale_p95": summary.p95,
+        "inverse_scale_p99": summary.p99,
+        "inverse_scale_max": summary.top,
+        "zero_gap_fraction": summary.zero_gap_fraction,
     }
+
+
+def _grouped(rewards: np.ndarray, estimator: str, options: dict[str, Any]
+             ) -> tuple[Scaled, np.ndarray]:
+    """A registered estimator's advantages and per-group scales of a ``(B, G)`` batch of
+    rewards, NaN (unscorable) left out of its group with advantage 0, as TRL does; and
+    which groups have two or more responses (the rule says which have two valid ones)."""
+    n_groups, group_size = rewards.shape
+    values = rewards.ravel()
+    offsets = np.arange(0, values.size + 1, group_size, dtype=np.int64)
+    if np.isnan(values).any():  # the NaN-free kernels are the faster ones
+        options = {**options, "nan_policy": "omit"}
+    scaled = REGISTRY[estimator].scale(values, offsets, _RULES, options)
+    return scaled, np.full(n_groups, group_size >= 2)
 
 
 class AdvcalGRPOMixin:
@@ -316,7 +241,9 @@ class AdvcalGRPOMixin:
     multiple of ``num_generations``.  Gradients never leave their rank.
 
     Metrics logged through TRL (prefix ``advcal/``): ``inverse_scale_p50``/``p95``/``p99``/
-    ``max`` and ``zero_gap_fraction`` in every mode; ``accepted_fraction``, ``eta_mean``,
+    ``max`` and ``zero_gap_fraction`` in every mode, as :func:`advcal.scale_diagnostics`
+    gives them for the estimator that ran (GRPO's for ``"setgrpo"``, Range-GRPO's on the
+    ranges for ``"range"``), from the same scale rule; ``accepted_fraction``, ``eta_mean``,
     ``tau`` and ``coef_norm_ratio`` (‖a(η*)‖ over ‖GRPO coefficients‖, accepted groups)
     for ``"setgrpo"``; ``range_width_mean`` for ``"range"``.
     """
@@ -373,59 +300,61 @@ class AdvcalGRPOMixin:
         part = slice(start, start + local.shape[0])
         if self._advcal.mode == "setgrpo":
             # The coefficients need the Gram matrices of the loss's own forward pass.
-            values, offsets, _ = _valid_groups(rewards)
-            metrics = _scale_metrics(values, offsets, "grpo")
+            metrics = _metrics(*_grouped(rewards, "grpo", {}))
             output["advcal_rewards"] = torch.as_tensor(rewards.ravel()[part], device=local.device)
             output["advcal_group"] = torch.arange(part.start, part.stop,
                                                   device=local.device) // group_size
         else:
             advantages, metrics = self._advcal_advantages(rewards)
-            output["advantages"] = torch.as_tensor(advantages.ravel()[part], dtype=local.dtype,
-                                                   device=local.device)
+            mine = advantages.ravel()[part]
+            if local.dtype == torch.float32:  # cast by numpy: torch's own cast is slower
+                mine = mine.astype(np.float32)
+            output["advantages"] = torch.as_tensor(mine, dtype=local.dtype, device=local.device)
         self._advcal_log(mode, metrics)
         return output
 
     def _advcal_advantages(self, rewards: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
         """advcal's advantages of a ``(B, G)`` batch of combined rewards (NaN: unscorable),
-        and the batch's metrics (scale quantiles, zero-gap fraction, mode-specific ones)."""
+        and the batch's metrics (scale quantiles, zero-gap fraction, mode-specific ones):
+        both from the registry's scale rule of the estimator the mode runs."""
         settings = self._advcal
         options = dict(settings.options)
-        values, offsets, where = _valid_groups(rewards)
-        extra: dict[str, float] = {}
-        scale = keep = None
-        if settings.mode == "grpo":
-            options.setdefault("eps", TRL_EPS)
+        if settings.mode == "range":
+            return self._range_advantages(rewards, options)
+        estimator = settings.mode
+        if estimator == "grpo":
             if self.multi_objective_aggregation == "normalize_then_sum":  # type: ignore[attr-defined]
-                # TRL normalises the summed, already group-normalised rewards batch-wide.
-                flat = advcal.grpo(values, np.array([0, values.size]), **options)
-            else:
-                scaling = self.scale_rewards  # type: ignore[attr-defined]
-                if scaling == "none":
-                    options.pop("eps")
-                    flat = advcal.dr_grpo(values, offsets, **options)
-                elif scaling == "batch":
-                    flat = advcal.batch_std(values, offsets, **options)
-                else:
-                    flat = advcal.grpo(values, offsets, **options)
-        elif settings.mode == "range":
-            calibration = settings.calibration
-            ranges = calibration.ranges(values)
-            flat = advcal.range_advantages(ranges.lo, ranges.hi, offsets, **options)
-            width = ranges.hi - ranges.lo
-            extra["range_width_mean"] = float(np.mean(width)) if values.size else 0.0
-        elif settings.mode == "maxnorm":
-            # One call gives the weights and the per-group scale the metrics need.
-            result = advcal.maxnorm(values, offsets, return_scale=True, **options)
-            flat, scale, keep = result.advantages, result.scale, result.keep
-        else:
-            flat = REGISTRY[settings.mode].function(values, offsets, **options)
-        method = {"grpo": "grpo", "maxnorm": "maxnorm"}.get(settings.mode, "unit")
-        metrics = _scale_metrics(values, offsets, method, scale, keep)
-        metrics.update(extra)
-        if where is None:
-            return flat.reshape(rewards.shape), metrics
+                # TRL normalises the summed, already group-normalised rewards batch-wide:
+                # GRPO over the whole batch as one group.
+                scaled, scorable = _grouped(rewards.reshape(1, -1), "grpo", options)
+                return scaled.weights.reshape(rewards.shape), _metrics(scaled, scorable)
+            scaling = self.scale_rewards  # type: ignore[attr-defined]
+            if scaling == "none":
+                estimator = "dr_grpo"
+                for keyword in ("eps", "ddof", "std_floor"):  # grpo's, not dr_grpo's
+                    options.pop(keyword, None)
+            elif scaling == "batch":
+                estimator = "batch_std"
+                options.pop("std_floor", None)
+        scaled, scorable = _grouped(rewards, estimator, options)
+        return scaled.weights.reshape(rewards.shape), _metrics(scaled, scorable)
+
+    def _range_advantages(self, rewards: np.ndarray, options: dict[str, Any]
+                          ) -> tuple[np.ndarray, dict[str, float]]:
+        """Range-GRPO on the conformal ranges of the scorable rewards (a ragged batch:
+        ranges take no NaN), scattered back with advantage 0 for the unscorable."""
+        valid = ~np.isnan(rewards)
+        offsets = np.zeros(rewards.shape[0] + 1, dtype=np.int64)
+        np.cumsum(np.count_nonzero(valid, axis=1), out=offsets[1:])
+        where = np.flatnonzero(valid)
+        values = rewards.ravel()[where]
+        ranges = self._advcal.calibration.ranges(values)
+        scaled = REGISTRY["range"].scale(values, offsets, _RULES,
+                                         {"lo": ranges.lo, "hi": ranges.hi, **options})
+        metrics = _metrics(scaled, np.diff(offsets) >= 2)
+        metrics["range_width_mean"] = float(np.mean(ranges.hi - ranges.lo)) if values.size else 0.0
         advantages = np.zeros(rewards.size)
-        advantages[where] = flat
+        advantages[where] = scaled.weights
         return advantages.reshape(rewards.shape), metrics
 
     def _advcal_log(self, mode: str, metrics: Mapping[str, float]) -> None:
