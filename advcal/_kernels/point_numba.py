@@ -213,28 +213,28 @@ _passk_kernel = compile_serial(_passk, FASTMATH)
 _statistics_kernel = compile_serial(_statistics, FASTMATH)
 
 
-def _advantages(kernel, x, offsets, threaded, *args):
-    """(advantages, no group flagged) from ``kernel(offsets, x, *args, out)``."""
+def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
+                 threaded=None, *, std_floor=0.0):
     out = np.empty_like(x)
-    n_bad = run_over_groups(kernel, offsets, (), x, *args, out, threaded=threaded)
+    n_bad = run_over_groups(_center_scale_kernel, offsets, (), x, mode, eps, ddof,
+                            raw_singletons, omit_nan, divisor, limit, std_floor, out,
+                            threaded=threaded)
     return out, sum(n_bad) == 0
 
 
-def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
-                 threaded=None, *, std_floor=0.0):
-    return _advantages(_center_scale_kernel, x, offsets, threaded, mode, eps, ddof,
-                       raw_singletons, omit_nan, divisor, limit, std_floor)
-
-
 def opo(x, weights, offsets, raw_singletons, omit_nan, limit, threaded=None):
-    return _advantages(_opo_kernel, x, offsets, threaded, weights, raw_singletons, omit_nan,
-                       limit)
+    out = np.empty_like(x)
+    n_bad = run_over_groups(_opo_kernel, offsets, (), x, weights, raw_singletons, omit_nan,
+                            limit, out, threaded=threaded)
+    return out, sum(n_bad) == 0
 
 
 def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit, threaded=None, *,
           normalize=True):
-    return _advantages(_passk_kernel, x, offsets, threaded, eps, ddof, normalize,
-                       raw_singletons, omit_nan, limit)
+    out = np.empty_like(x)
+    n_bad = run_over_groups(_passk_kernel, offsets, (), x, eps, ddof, normalize,
+                            raw_singletons, omit_nan, limit, out, threaded=threaded)
+    return out, sum(n_bad) == 0
 
 
 def group_moments(x, offsets, omit_nan, threaded=None):

@@ -27,15 +27,10 @@ def _centered(r):
     return d - d.mean()
 
 
-def _outputs(x, offsets):
-    """The advantages (0 unless written) and each group's magnitude (0 unless written)."""
-    return np.zeros_like(x), np.zeros(offsets.size - 1)
-
-
 @_quiet
 def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
                  std_floor=0.0):
-    out, amax = _outputs(x, offsets)
+    out, amax = np.zeros_like(x), np.zeros(offsets.size - 1)  # 0 unless written
     for q, sl, valid, r in groups(x, offsets, omit_nan):
         n = r.size
         if n == 0 or (n == 1 and not raw_singletons):
@@ -53,7 +48,7 @@ def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
                 amax[q] = np.nan
                 continue
             if mode == GRPO:  # std_floor: verl's grpo_vectorized
-                s = max(np.sqrt(np.sum(u * u) / (n - ddof)), std_floor) + eps
+                s = max(np.sqrt(ss / (n - ddof)), std_floor) + eps
             elif mode == RLOO:
                 s = (n - 1) / n
             elif mode == FIXED:
@@ -71,7 +66,7 @@ def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
 
 @_quiet
 def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
-    out, amax = _outputs(x, offsets)
+    out, amax = np.zeros_like(x), np.zeros(offsets.size - 1)  # 0 unless written
     for q, sl, valid, r in groups(x, offsets, omit_nan):
         n = r.size
         if n == 0 or (n == 1 and not raw_singletons):
@@ -91,7 +86,7 @@ def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
 
 @_quiet
 def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit, normalize=True):
-    out, amax = _outputs(x, offsets)
+    out, amax = np.zeros_like(x), np.zeros(offsets.size - 1)  # 0 unless written
     for q, sl, valid, r in groups(x, offsets, omit_nan):
         n = r.size
         if not np.isfinite(r).all():
@@ -105,15 +100,16 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit, normalize=True
             a = r[0] / s
         else:
             ss = np.sum(_centered(r) ** 2)
+            gap = r[best] - np.sort(r)[-2]
             # Statistics overflowed, or squares underflowed in a group with a spread: the
             # caller rescales.
-            if not np.isfinite(ss) or (ss == 0.0 and r[best] != np.sort(r)[-2]):
+            if not np.isfinite(ss) or (ss == 0.0 and gap != 0.0):
                 amax[q] = np.nan
                 continue
             s = np.sqrt(ss / (n - ddof)) + eps if normalize else 1.0
             if s == 0.0:
                 continue
-            a = (r[best] - np.sort(r)[-2]) / s
+            a = gap / s
         out[sl][np.flatnonzero(valid)[best]] = a
         amax[q] = abs(a)
     return out, bool((amax <= limit).all())

@@ -33,7 +33,6 @@ def sum_cdf(t, w1, w2):
     t, w1, w2 = np.broadcast_arrays(t, w1, w2)
     small = np.minimum(w1, w2)
     big = np.maximum(w1, w2)
-    out = np.empty(t.shape)
     with np.errstate(all="ignore"):  # branches np.where discards
         rising = t * t / (2.0 * small * big)
         flat = (t - 0.5 * small) / big

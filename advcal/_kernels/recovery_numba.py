@@ -34,8 +34,8 @@ from advcal._numba_cache import cached_njit
 _FASTMATH = set(FASTMATH)
 ETA_TOL = 1e-13  # absolute accuracy of η*
 GOLDEN = 0.6180339887498949
-# Groups from which ``recover_groups`` runs chunks on threads (a group costs far more
-# than a reward, so threads pay off far earlier than the pool's own rule says).
+# Groups from which ``recover_groups`` runs chunks on threads: the pool's own rule counts
+# rewards costing nanoseconds each, but a group costs microseconds.
 PARALLEL_MIN_GROUPS = 2048
 
 
@@ -287,20 +287,15 @@ def _quad(coef, i, eta):
 
 
 @cached_njit(fastmath=_FASTMATH)
-def _margins(eta, coef, rho, tau, kappa, cnorm2, use_reward):
-    """(scaled full margin, scaled reward margin) at η from the precomputed polynomials;
-    the reward margin is +inf when the reward-space condition is dropped (ablation)."""
+def _margin(eta, coef, rho, tau, kappa, cnorm2, use_reward):
+    """(min of the scaled full and reward margins, feasible) at η from the precomputed
+    polynomials; the reward margin is +inf when its condition is dropped (ablation)."""
     a = coef[0] + eta * coef[1]
     full = (a - rho * _sqrt0(_quad(coef, 5, eta)) - tau * kappa * _sqrt0(_quad(coef, 2, eta))
             ) / (kappa * kappa)
     ar = coef[8] + eta * coef[9]
     reward = (ar - rho * _sqrt0(_quad(coef, 10, eta))) / cnorm2 if use_reward else math.inf
-    return full, reward
-
-
-@njit(inline="always")
-def _feasible(full, reward):
-    return full >= 0.0 and reward > 0.0
+    return min(full, reward), full >= 0.0 and reward > 0.0
 
 
 @cached_njit(fastmath=_FASTMATH)
@@ -308,53 +303,40 @@ def _eta_star(coef, rho, tau, kappa, cnorm2, use_reward, binary):
     """sup{η ∈ [0, 1]: full(η) ≥ 0, reward(η) > 0}, or −1 if empty (both margins concave).
 
     ``binary`` (the no-recovery ablation) takes the sup over η ∈ {0, 1} only."""
-    f1, r1 = _margins(1.0, coef, rho, tau, kappa, cnorm2, use_reward)
-    if _feasible(f1, r1):
+    if _margin(1.0, coef, rho, tau, kappa, cnorm2, use_reward)[1]:
         return 1.0
-    f0, r0 = _margins(0.0, coef, rho, tau, kappa, cnorm2, use_reward)
-    lo = -1.0
-    if _feasible(f0, r0):
-        lo = 0.0
-        if binary:
-            return 0.0
-    elif binary:
-        return -1.0
-    else:
+    lo = 0.0 if _margin(0.0, coef, rho, tau, kappa, cnorm2, use_reward)[1] else -1.0
+    if binary:
+        return lo
+    if lo < 0.0:
         # Golden-section ascent of the concave min(full, reward) until a feasible point.
         a = 0.0
         b = 1.0
         x1 = b - GOLDEN * (b - a)
         x2 = a + GOLDEN * (b - a)
-        f, r = _margins(x1, coef, rho, tau, kappa, cnorm2, use_reward)
-        h1 = min(f, r)
-        if _feasible(f, r):
+        h1, ok = _margin(x1, coef, rho, tau, kappa, cnorm2, use_reward)
+        if ok:
             lo = x1
-        f, r = _margins(x2, coef, rho, tau, kappa, cnorm2, use_reward)
-        h2 = min(f, r)
-        if lo < 0.0 and _feasible(f, r):
+        h2, ok = _margin(x2, coef, rho, tau, kappa, cnorm2, use_reward)
+        if lo < 0.0 and ok:
             lo = x2
         while lo < 0.0 and b - a > ETA_TOL:
-            right = h1 < h2
-            if right:
+            if h1 < h2:
                 a, x1, h1 = x1, x2, h2
                 x = x2 = a + GOLDEN * (b - a)
+                h2, ok = _margin(x, coef, rho, tau, kappa, cnorm2, use_reward)
             else:
                 b, x2, h2 = x2, x1, h1
                 x = x1 = b - GOLDEN * (b - a)
-            f, r = _margins(x, coef, rho, tau, kappa, cnorm2, use_reward)
-            if right:
-                h2 = min(f, r)
-            else:
-                h1 = min(f, r)
-            if _feasible(f, r):
+                h1, ok = _margin(x, coef, rho, tau, kappa, cnorm2, use_reward)
+            if ok:
                 lo = x
         if lo < 0.0:
             return -1.0
     hi = 1.0
     while hi - lo > ETA_TOL:
         mid = 0.5 * (lo + hi)
-        f, r = _margins(mid, coef, rho, tau, kappa, cnorm2, use_reward)
-        if _feasible(f, r):
+        if _margin(mid, coef, rho, tau, kappa, cnorm2, use_reward)[1]:
             lo = mid
         else:
             hi = mid
@@ -474,18 +456,14 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference,
     Returns ``(status, anchors, eta, accepted, m_full, m_reward, ref0, ref1)``: per-group
     Gram status; anchors a0 (flat); per (group, threshold) η* (0 when rejected), the
     acceptance flag and the projections at η*; and aᵀK·reference at η = 0 (ref0) and its
-    slope in η (ref1), so a(η)ᵀK a_ref = ref0 + η·ref1.  ``threaded``: None threads from
-    PARALLEL_MIN_GROUPS groups, True on any size (tests), False never.
+    slope in η (ref1).  ``threaded``: None threads from PARALLEL_MIN_GROUPS groups.
     ``reward_condition=False`` drops M_reward(η) > 0 and ``binary=True`` restricts η to
     {0, 1} (the SetGRPO ablations).
     """
     n_groups = offsets.size - 1
-    n_taus = taus.size
     status, anchors, eta, accepted, m_full, m_reward, ref0, ref1 = recovery_outputs(
-        centers, n_groups, n_taus)
+        centers, n_groups, taus.size)
     if threaded is None:
-        # The pool's own rule counts rewards, sized for kernels costing nanoseconds per
-        # reward; a group costs microseconds here, so threads pay off far earlier.
         threaded = n_groups >= PARALLEL_MIN_GROUPS
     run_over_groups(_recover_kernel, offsets,
                     (boffsets, status, eta, accepted, m_full, m_reward, ref0, ref1),

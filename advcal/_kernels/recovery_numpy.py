@@ -10,6 +10,7 @@ name, signature and outputs as the kernel.
 from __future__ import annotations
 
 import numpy as np
+from scipy.optimize import brentq, minimize_scalar
 
 from advcal._kernels.ggsr import (
     GRAM_RTOL,
@@ -37,8 +38,6 @@ def _gram_status(k: np.ndarray) -> tuple[int, float]:
 
 
 def _anchor(c: np.ndarray, r: np.ndarray, k: np.ndarray, rho: float) -> np.ndarray:
-    from scipy.optimize import brentq
-
     if rho == 0.0:
         return c.copy()  # E = {c}
     h, v = np.linalg.eigh(r @ k @ r)
@@ -72,8 +71,6 @@ def _projections(a: np.ndarray, c: np.ndarray, r: np.ndarray, k: np.ndarray, rho
 
 def _eta_star(a0: np.ndarray, c: np.ndarray, r: np.ndarray, k: np.ndarray, rho: float,
               tau: float, reward_condition: bool = True, binary: bool = False) -> float:
-    from scipy.optimize import brentq, minimize_scalar
-
     ckc = float(c @ k @ c)
     cc = float(c @ c)
 
