@@ -1,11 +1,10 @@
 """Numba engine for the point estimators; oracle: ``point_numpy``.
 
-Each kernel is a serial loop over groups that writes only its own groups' slices, so
-``pool.run_over_groups`` may run it on chunks of groups from several threads with results
-independent of the thread count.  Statistics accumulate in float64 whatever the reward
-dtype.  Every engine function returns ``(out, ok)``: ``ok`` is false when some group held
-a non-finite reward, its statistics overflowed float64 (the caller retries on rescaled
-rewards), or its largest |advantage| exceeds ``limit``, the output dtype's maximum.
+Serial loops over groups, run on chunks of groups by ``pool.run_over_groups``.  Statistics
+accumulate in float64 whatever the reward dtype.  Every engine function returns
+``(out, ok)``: ``ok`` is false when some group held a non-finite reward, its statistics
+overflowed float64 (the caller retries on rescaled rewards), or its largest |advantage|
+exceeds ``limit``, the output dtype's maximum.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Numba kernels for the interval advantages; oracle: ``ranges_numpy``.
 
-Kernels trust their inputs: float64 ranges with ``lo <= hi``, finite, CSR ``offsets``.
-Each is one serial loop over groups writing only its own groups' slices, so
-``pool.run_over_groups`` may run chunks of groups on threads.
+Kernels trust their inputs: float64 ranges with ``lo <= hi``, finite, CSR ``offsets``;
+they are serial loops over groups, run on chunks of groups by ``pool.run_over_groups``.
 
 Dominance in O(n log n) per group: sort h and l, prefix sums of the sorted h and suffix
 sums of the sorted l, then Σ_j (l_i − h_j)₊ = c_i·l_i − (sum of the c_i smallest h) with

@@ -3,8 +3,7 @@
 Per group: check the Gram block, solve the anchor's trust-region subproblem, then find η*
 for every threshold.  H = R K R is reduced to tridiagonal form once (Householder), so
 each step of the secular equation is O(n), and every quantity of the recovery path is a
-quadratic in η precomputed in O(n²), so each feasibility test of η is O(1).  One serial
-loop over groups (``pool.run_over_groups`` runs chunks of them on threads).  Inputs are
+quadratic in η precomputed in O(n²), so each feasibility test of η is O(1).  Inputs are
 validated by ``advcal.recovery``: float64 contiguous arrays; ``root`` and ``gram`` hold
 one row-major n_q × n_q block per group at ``boffsets``.
 """
