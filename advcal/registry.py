@@ -252,14 +252,22 @@ def _spread_loop(values: np.ndarray, offsets: np.ndarray, ddof: int, omit: bool,
     order, in one pass over the group unless its squares cancel or would under- or
     overflow."""
     for q in range(offsets.size - 1):
-        n = 0
-        shift = low = high = t1 = t2 = 0.0
-        for i in range(offsets[q], offsets[q + 1]):
+        start, stop = offsets[q], offsets[q + 1]
+        first = start  # the first valid reward: the shift
+        while omit and first < stop and math.isnan(values[first]):
+            first += 1
+        count[q] = 0
+        gap[q] = False
+        std[q] = 0.0
+        if first == stop:
+            continue
+        shift = low = high = np.float64(values[first])
+        n = 1
+        t1 = t2 = 0.0
+        for i in range(first + 1, stop):
             x = np.float64(values[i])
             if omit and math.isnan(x):
                 continue
-            if n == 0:
-                shift = low = high = x
             low = min(low, x)
             high = max(high, x)
             d = x - shift
@@ -268,7 +276,6 @@ def _spread_loop(values: np.ndarray, offsets: np.ndarray, ddof: int, omit: bool,
             n += 1
         count[q] = n
         gap[q] = high != low
-        std[q] = 0.0
         if high == low:
             continue
         top = max(high - shift, shift - low)
@@ -278,14 +285,14 @@ def _spread_loop(values: np.ndarray, offsets: np.ndarray, ddof: int, omit: bool,
             ss = t2 - t1 * mean
         else:
             t1 = 0.0
-            for i in range(offsets[q], offsets[q + 1]):
+            for i in range(first, stop):
                 x = np.float64(values[i])
                 if not (omit and math.isnan(x)):
                     t1 += (x - shift) / unit
             mean = t1 / n
         if unit != 1.0 or not t2 <= 8.0 * ss:
             ss = 0.0
-            for i in range(offsets[q], offsets[q + 1]):
+            for i in range(first, stop):
                 x = np.float64(values[i])
                 if not (omit and math.isnan(x)):
                     z = (x - shift) / unit - mean

@@ -295,11 +295,13 @@ class AdvcalGRPOMixin:
                               self.multi_objective_aggregation,  # type: ignore[attr-defined]
                               group_size)
         local = output["advantages"]
-        self.trl_advantages = local.detach().clone()
+        # TRL's own, kept for comparison: a copy where the output still holds the tensor
+        self.trl_advantages = local.detach()
         start = self.accelerator.process_index * local.shape[0]  # type: ignore[attr-defined]
         part = slice(start, start + local.shape[0])
         if self._advcal.mode == "setgrpo":
             # The coefficients need the Gram matrices of the loss's own forward pass.
+            self.trl_advantages = self.trl_advantages.clone()
             metrics = _metrics(*_grouped(rewards, "grpo", {}))
             output["advcal_rewards"] = torch.as_tensor(rewards.ravel()[part], device=local.device)
             output["advcal_group"] = torch.arange(part.start, part.stop,
