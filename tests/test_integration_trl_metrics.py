@@ -11,7 +11,7 @@ import pytest
 
 import advcal
 from advcal.diagnostics import _percentiles
-from advcal.integrations.trl import TRL_EPS, _grouped, _metrics
+from advcal.integrations.trl import TRL_EPS, AdvcalGRPOMixin, _grouped, _metrics, _settings_iv
 from advcal.registry import _group_spread
 
 KEYS = ("inverse_scale_p50", "inverse_scale_p95", "inverse_scale_p99", "inverse_scale_max",
@@ -86,6 +86,39 @@ def test_equals_scale_diagnostics(seed: int) -> None:
             for key in KEYS:
                 np.testing.assert_allclose(got[key], want[key], rtol=1e-12,
                                            err_msg=f"{estimator} {key}")
+
+
+@pytest.mark.parametrize(("mode", "options"), [
+    ("dr_grpo", {}), ("rloo", {}), ("maxnorm", {"tau_res": 0.05}),
+    ("maxnorm", {"tau_res": 0.05, "resolution": 0.01}), ("range", {}),
+    ("range", {"relation": "midpoint"})])
+def test_none_rewards_leave_their_group_in_every_mode(mode: str, options: dict[str, Any]
+                                                      ) -> None:
+    rng = np.random.default_rng(0)
+    calibration = None
+    if mode == "range":
+        reference = rng.uniform(0, 1, 200)
+        judge = np.clip(reference + rng.normal(0, 0.05, 200), 0, 1)
+        calibration = advcal.calibrate_ranges(judge, reference, alpha=0.2, bounds=(0.0, 1.0))
+    mixin: Any = object.__new__(AdvcalGRPOMixin)
+    mixin._advcal = _settings_iv(mode, options, calibration, None, None, None, 0)
+    rewards = np.round(rng.uniform(0, 1, (40, 6)), 2)
+    rewards[rng.uniform(size=rewards.shape) < 0.3] = np.nan
+    rewards[0, 1:] = np.nan  # one scorable reward left
+    rewards[1] = np.nan  # none left
+    got, _ = mixin._advcal_advantages(rewards)
+    for row, advantages in zip(rewards, got, strict=True):
+        valid = ~np.isnan(row)
+        # the group's own estimator on what is left of it
+        expected = np.zeros(row.size)
+        if mode == "range":
+            ranges = calibration.ranges(row[valid])
+            expected[valid] = advcal.range_advantages(ranges.lo, ranges.hi,
+                                                      [0, valid.sum()], **options)
+        else:
+            expected[valid] = advcal.advantages(row[valid], [0, valid.sum()], method=mode,
+                                                **options)
+        np.testing.assert_allclose(advantages, expected, rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
