@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+import math
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -243,26 +244,35 @@ def _setgrpo_case(quick: bool) -> Case:
     base = "grpo: forward + backward"
 
     def notes(rounds: Rounds) -> list[str]:
-        # In units of grpo's forward + backward: backward = 1 - forward share.
-        forward = rounds.paired_ratio("grpo: loss forward", base)
+        # Every candidate shares every round (together=True), so each round gives one
+        # backward (grpo forward + backward - grpo forward) and each setgrpo step's extra.
+        times = {label: np.asarray(values) for label, values in rounds.times.items()}
+        backward = times[base] - times["grpo: loss forward"]
         lines = []
         for name in runs:
-            step = rounds.paired_ratio(f"{name}: forward + backward", base)
-            if name != "grpo" and forward is not None and step is not None:
-                lines.append(f"{name}: extra per step {(step - 1) / (1 - forward):.2f}x one "
-                             "backward pass (backward = grpo forward + backward - grpo loss "
-                             "forward; paired-round medians)")
-        return lines
+            if name == "grpo":
+                continue
+            step = np.median((times[f"{name}: forward + backward"] - times[base]) / backward)
+            forward = np.median((times[f"{name}: loss forward"] - times["grpo: loss forward"])
+                                / backward)
+            lines.append(f"{name}: extra per step {step:.2f}x one backward pass; in the loss "
+                         f"forward alone {forward:.2f}x (medians of {backward.size} paired "
+                         "rounds)")
+        return lines + ["one backward pass = grpo forward + backward - grpo loss forward, "
+                        "round by round"]
 
-    return Case("", candidates, baseline=base, notes=_Notes(notes))
+    return Case("", candidates, baseline=base, notes=_Notes(notes, together=True))
 
 
 class _Notes(list[str]):
     """Notes computed from the rounds, after they ran (see ``_lazy``)."""
 
-    def __init__(self, make: Callable[[Rounds], list[str]]) -> None:
+    def __init__(self, make: Callable[[Rounds], list[str]], *, together: bool = False) -> None:
         super().__init__()
         self.make = make
+        # every candidate in every round (none set apart for being slow), as notes that
+        # combine several candidates' times round by round need
+        self.together = together
 
 
 def _lazy(case: Case, build: Callable[[], Case | None]) -> Case:
@@ -279,7 +289,8 @@ def _lazy(case: Case, build: Callable[[], Case | None]) -> Case:
         built = build()
         if built is None:
             return ["TRL's advantage lines were not found in the installed TRL: not timed"]
-        rounds = round_times(built.candidates)
+        together = isinstance(built.notes, _Notes) and built.notes.together
+        rounds = round_times(built.candidates, apart=math.inf if together else 5.0)
         base = rounds.best(built.baseline)
         lines = []
         for label in built.candidates:
