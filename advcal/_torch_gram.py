@@ -42,6 +42,9 @@ _FORCE_ROUTE: str | None = None
 
 
 def _torch() -> Any:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch
     try:
         return importlib.import_module("torch")
     except ImportError:  # pragma: no cover - exercised only without torch
@@ -56,11 +59,13 @@ def _conv1d_type() -> Any:
     return getattr(module, "Conv1D", None)
 
 
-def _is_linear(module: Any) -> bool:
-    torch = _torch()
+def _linear_types() -> tuple[type, ...]:
     conv1d = _conv1d_type()
-    return isinstance(module, torch.nn.Linear) or (conv1d is not None
-                                                    and isinstance(module, conv1d))
+    return (_torch().nn.Linear,) + ((conv1d,) if conv1d is not None else ())
+
+
+def _is_linear(module: Any) -> bool:
+    return isinstance(module, _linear_types())
 
 
 class _Layer:
@@ -84,11 +89,11 @@ class _Layer:
         return out + ([self.module.bias] if self.bias else [])
 
 
-def _attention_internals(torch: Any, model: Any) -> dict[int, str]:
+def _attention_internals(torch: Any, named: list[tuple[str, Any]]) -> dict[int, str]:
     """Linear modules inside nn.MultiheadAttention: it uses their weights through
     F.multi_head_attention_forward without calling them, so hooks never see them."""
     out = {}
-    for name, module in model.named_modules():
+    for name, module in named:
         if isinstance(module, torch.nn.MultiheadAttention):
             for child_name, child in module.named_modules():
                 if child is not module:
@@ -99,8 +104,9 @@ def _attention_internals(torch: Any, model: Any) -> dict[int, str]:
 def _resolve_layers(model: Any, layers: Any) -> list[_Layer]:
     torch = _torch()
     named = list(model.named_modules())
-    hidden = _attention_internals(torch, model)
-    linear = [(name, m) for name, m in named if _is_linear(m) and id(m) not in hidden]
+    hidden = _attention_internals(torch, named)
+    types = _linear_types()
+    linear = [(name, m) for name, m in named if isinstance(m, types) and id(m) not in hidden]
     explicit: list[tuple[str, Any]] = []
     if layers is None or (isinstance(layers, str) and layers == "all"):
         chosen = linear
@@ -233,8 +239,10 @@ def last_blocks(model: Any, k: int, *, head: bool = True) -> Callable[[str, Any]
 
 
 def _group_layout(n: int, offsets: Any, group_ids: Any, group_size: Any
-                  ) -> tuple[list[np.ndarray | slice], tuple[int, int] | None]:
-    """The responses of each group in output order, and the dense shape if any."""
+                  ) -> tuple[np.ndarray | None, np.ndarray, bool]:
+    """The groups as (order, bounds, dense): the responses in output order (None when that
+    is the batch order), the groups' boundaries in that order, and whether the output is
+    ``(B, G, G)``."""
     given = [name for name, value in (("offsets", offsets), ("group_ids", group_ids),
                                       ("group_size", group_size)) if value is not None]
     if len(given) != 1:
@@ -248,7 +256,7 @@ def _group_layout(n: int, offsets: Any, group_ids: Any, group_size: Any
         if n % g:
             raise ValueError(f"`objectives` has {n} entries, not a multiple of "
                              f"`group_size`={g}.")
-        return [slice(q * g, (q + 1) * g) for q in range(n // g)], (n // g, g)
+        return None, np.arange(0, n + 1, g), True
     if offsets is not None:
         if _torch().is_tensor(offsets):
             offsets = offsets.detach().cpu().numpy()
@@ -257,15 +265,16 @@ def _group_layout(n: int, offsets: Any, group_ids: Any, group_size: Any
         except ValueError as exc:
             raise ValueError(str(exc).replace("number of rewards", "length of `objectives`")) \
                 from None
-        return [slice(int(a), int(b)) for a, b in zip(off[:-1], off[1:], strict=True)], None
+        return None, np.asarray(off, dtype=np.int64), False
     if _torch().is_tensor(group_ids):
         group_ids = group_ids.detach().cpu().numpy()
     index = groups_from_ids(group_ids)
     if index.order.size != n:
         raise ValueError(f"`group_ids` must have one label per objective ({n}); got "
                          f"{index.order.size}.")
-    off = index.offsets
-    return [index.order[a:b] for a, b in zip(off[:-1], off[1:], strict=True)], None
+    order = np.asarray(index.order, dtype=np.int64)
+    identity = bool((order == np.arange(n)).all())
+    return (None if identity else order), np.asarray(index.offsets, dtype=np.int64), False
 
 
 def _sketch_sides(d_out: int, d_in: int, k: int) -> tuple[int, int] | None:
@@ -491,7 +500,7 @@ class GradientCapture:
             raise ValueError("`objectives` has no grad_fn: compute it from the forward pass "
                              "under the capture, with gradients enabled.")
         n = int(objectives.shape[0])
-        groups, dense = _group_layout(n, offsets, group_ids, group_size)
+        order, bounds, dense = _group_layout(n, offsets, group_ids, group_size)
         records = self._records
         assert records is not None
         flat = [(index, rec) for index, layer_records in enumerate(records)
@@ -531,9 +540,6 @@ class GradientCapture:
                              "depend on any recorded layer output.")
         params = self.parameters()
         acc = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
-        device = params[0].device
-        blocks = [torch.zeros(_size(g, n), _size(g, n), dtype=acc, device=device)
-                  for g in groups]
         per_layer: list[list[tuple[Any, Any]]] = [[] for _ in self._layers]
         for (index, (x, _, _, _)), delta in zip(flat, deltas, strict=True):
             if delta is not None:
@@ -541,23 +547,54 @@ class GradientCapture:
         self._records = None  # the activations are released as the layers are done
         self._state = "done"
         del flat, deltas
-        for index, pairs in enumerate(per_layer):
-            if pairs:
-                self._accumulate(index, pairs, n, groups, blocks, acc)
-            per_layer[index] = []
-        # Each product G Gᵀ is symmetric only up to rounding; GGSR checks symmetry.
-        blocks = [(b + b.T) / 2 for b in blocks]
-        out = torch.stack(blocks) if dense is not None else torch.cat(
-            [b.reshape(-1) for b in blocks])
+        blocks = _Blocks(torch, order, bounds, acc, params[0].device)
+        rows = _Rows(torch, blocks)
+        for bundle in self._bundles(per_layer):
+            self._accumulate(bundle, [per_layer[index] for index in bundle], n, blocks, rows,
+                             acc)
+            for index in bundle:
+                per_layer[index] = []
+        rows.flush()
+        out = blocks.result(dense)
         if output == "tensor":
             return out
         return out.detach().to(device="cpu", dtype=torch.float64).numpy()
 
-    def _token_rows(self, tensor: Any, n: int, name: str, what: str) -> Any:
-        """(N, tokens, features) view of a layer input or output."""
-        self._check_rows(tensor, n, name, what)
-        moved = tensor.movedim(self._batch_dim, 0)
-        return moved.reshape(n, -1, moved.shape[-1])
+    def _sides(self, index: int, pairs: list[tuple[Any, Any]]) -> tuple[int, int] | None:
+        """The sketch's (k_out, k_in) for a layer; None when its weight is kept exactly."""
+        if self._sketch_dim is None or not self._layers[index].weight:
+            return None
+        x, d = pairs[0]
+        return _sketch_sides(int(d.shape[-1]), int(x.shape[-1]), self._sketch_dim)
+
+    def _bundles(self, per_layer: list[list[tuple[Any, Any]]]) -> list[list[int]]:
+        """The layers that ran, in bundles that read one input tensor (q/k/v projections,
+        an MLP's gate and up projections): the weight gradients Δᵀ H of a bundle take one
+        product, with its layers' δ side by side.  Only exact single-call weights bundle."""
+        bundles: list[list[int]] = []
+        by_input: dict[tuple[Any, ...], list[int]] = {}
+        for index, pairs in enumerate(per_layer):
+            if not pairs:
+                continue
+            x = pairs[0][0]
+            if len(pairs) > 1 or not self._layers[index].weight \
+                    or self._sides(index, pairs) is not None:
+                bundles.append([index])
+                continue
+            # same memory, shape and strides: the same values (none was edited in place)
+            key = (x.data_ptr(), x.device, x.dtype, tuple(x.shape), x.stride())
+            if key in by_input:
+                by_input[key].append(index)
+            else:
+                by_input[key] = [index]
+                bundles.append(by_input[key])
+        return bundles
+
+    def _token_rows(self, tensor: Any, n: int) -> Any:
+        """(N, tokens, features) view of a layer input or output (checked by gram)."""
+        if self._batch_dim % tensor.ndim:
+            tensor = tensor.movedim(self._batch_dim, 0)
+        return tensor.reshape(n, -1, tensor.shape[-1])
 
     def _check_rows(self, tensor: Any, n: int, name: str, what: str) -> None:
         dim = self._batch_dim
@@ -569,72 +606,154 @@ class GradientCapture:
         if dim % tensor.ndim == tensor.ndim - 1:
             raise ValueError(f"`batch_dim`={dim} is the feature axis of layer {name!r}.")
 
-    def _accumulate(self, index: int, pairs: list[tuple[Any, Any]], n: int,
-                    groups: list[Any], blocks: list[Any], acc: Any) -> None:
+    def _accumulate(self, bundle: list[int], records: list[list[tuple[Any, Any]]], n: int,
+                    blocks: _Blocks, rows: _Rows, acc: Any) -> None:
+        """Add one bundle of layers (see ``_bundles``) to the blocks."""
         torch = _torch()
-        layer = self._layers[index]
-        hs = [self._token_rows(x, n, layer.name, "input") for x, _ in pairs]
-        ds = [self._token_rows(d, n, layer.name, "output") for _, d in pairs]
-        h = hs[0] if len(hs) == 1 else torch.cat(hs, dim=1)
-        d = ds[0] if len(ds) == 1 else torch.cat(ds, dim=1)
-        del hs, ds, pairs
-        d_in, d_out = int(h.shape[-1]), int(d.shape[-1])
-        sides = None
-        if self._sketch_dim is not None and layer.weight:
-            sides = _sketch_sides(d_out, d_in, self._sketch_dim)
-        p_out = p_in = None
+        sides = self._sides(bundle[0], records[0]) if len(bundle) == 1 else None
+        pairs = records[0]
+        if len(pairs) == 1:
+            h = self._token_rows(pairs[0][0], n)
+        else:  # a layer called several times: its gradient sums over every call's tokens
+            h = torch.cat([self._token_rows(x, n) for x, _ in pairs], dim=1)
+        ds = [self._token_rows(d, n) for pairs in records for _, d in pairs]
+        widths = [int(d.shape[-1]) for d in ds]
+        d = ds[0] if len(ds) == 1 else torch.cat(ds, dim=1 if len(records) == 1 else 2)
+        del ds, pairs, records
+        if d.dtype != acc:
+            d = d.to(acc)
+        layers = [self._layers[index] for index in bundle]
+        if any(layer.bias for layer in layers):
+            sums = d.sum(dim=1)
+            if not all(layer.bias for layer in layers):
+                sums = torch.cat([part for part, layer in zip(sums.split(widths, dim=1), layers,
+                                                              strict=True) if layer.bias],
+                                 dim=1)
+            rows.add(sums)
+        if not layers[0].weight:
+            return
+        if h.dtype != acc:
+            h = h.to(acc)
         if sides is not None:
             k_out, k_in = sides
-            if k_out < d_out:
-                p_out = _projection(torch, k_out, d_out, self._sketch, self._seed, index,
-                                    0).to(device=d.device, dtype=acc)
-            if k_in < d_in:
-                p_in = _projection(torch, k_in, d_in, self._sketch, self._seed, index,
-                                   1).to(device=h.device, dtype=acc)
-        for group, block in zip(groups, blocks, strict=True):
-            size = block.shape[0]
-            if size == 0:
-                continue
-            dg = d[group].to(acc)
-            if layer.bias:
-                s = dg.sum(dim=1)
-                block += s @ s.T
-            if not layer.weight:
-                continue
-            hg = h[group].to(acc)
-            if sides is not None:
-                a = dg if p_out is None else dg @ p_out.T
-                b = hg if p_in is None else hg @ p_in.T
-                sk = torch.bmm(a.transpose(1, 2), b).reshape(size, -1)
-                block += sk @ sk.T
-            else:
-                _exact_weight_block(torch, dg, hg, block)
+            index = bundle[0]
+            if k_out < d.shape[-1]:
+                d = d @ _projection(torch, k_out, int(d.shape[-1]), self._sketch, self._seed,
+                                    index, 0).to(device=d.device, dtype=acc).T
+            if k_in < h.shape[-1]:
+                h = h @ _projection(torch, k_in, int(h.shape[-1]), self._sketch, self._seed,
+                                    index, 1).to(device=h.device, dtype=acc).T
+        elif blocks.token_pairs_cheaper(int(h.shape[1]), int(d.shape[-1]), int(h.shape[-1])):
+            blocks.add_token_pairs(d, h)
+            return
+        rows.add_products(d, h)
 
 
-def _size(group: Any, n: int) -> int:
-    if isinstance(group, slice):
-        return len(range(*group.indices(n)))
-    return int(group.size)
+class _Blocks:
+    """The groups' Gram blocks.  Groups of one size are a (B, n, n) tensor, and every
+    product runs for all of them at once; ragged groups are one block each."""
+
+    def __init__(self, torch: Any, order: np.ndarray | None, bounds: np.ndarray, acc: Any,
+                 device: Any) -> None:
+        self.torch = torch
+        self.order = None if order is None else torch.as_tensor(order, device=device)
+        self.bounds = [int(b) for b in bounds]
+        self.sizes = [b - a for a, b in zip(self.bounds[:-1], self.bounds[1:], strict=True)]
+        self.n = self.bounds[-1]
+        self.equal = self.sizes[0] if len(set(self.sizes)) == 1 else None
+        self.squares = sum(size * size for size in self.sizes)
+        if self.equal is not None:
+            self.dense = torch.zeros(len(self.sizes), self.equal, self.equal, dtype=acc,
+                                     device=device)
+        else:
+            self.blocks = [torch.zeros(s, s, dtype=acc, device=device) for s in self.sizes]
+
+    def _grouped(self, x: Any) -> Any:
+        """The rows of x (responses first) in group order."""
+        return x if self.order is None else x.index_select(0, self.order)
+
+    def add_rows(self, x: Any) -> None:
+        """K_ij += ⟨x_i, x_j⟩ within every group, for per-response feature rows x (N, F)."""
+        x = self._grouped(x)
+        if self.equal is not None:
+            grouped = x.reshape(len(self.sizes), self.equal, -1)
+            self.dense.baddbmm_(grouped, grouped.transpose(1, 2))
+            return
+        for a, b, block in zip(self.bounds[:-1], self.bounds[1:], self.blocks, strict=True):
+            if b > a:
+                block.addmm_(x[a:b], x[a:b].T)
+
+    def token_pairs_cheaper(self, t: int, d_out: int, d_in: int) -> bool:
+        """Whether token pairs cost fewer multiply-adds than materialising Δᵀ H."""
+        if _FORCE_ROUTE is not None:
+            return _FORCE_ROUTE == "pairs"
+        materialise = (self.n * t + self.squares) * d_out * d_in
+        return self.squares * t * t * (d_in + d_out + 1) < materialise
+
+    def add_token_pairs(self, d: Any, h: Any) -> None:
+        """K_ij += Σ_{t∈i, s∈j} ⟨δ_t, δ_s⟩⟨h_t, h_s⟩ within every group."""
+        d, h = self._grouped(d), self._grouped(h)
+        t = int(d.shape[1])
+        if self.equal is not None:
+            g = self.equal
+            # at most WORKSPACE token-pair products at once
+            step = max(1, WORKSPACE // max(1, (g * t) ** 2))
+            for q in range(0, len(self.sizes), step):
+                dq = d[q * g:(q + step) * g].reshape(-1, g * t, d.shape[-1])
+                hq = h[q * g:(q + step) * g].reshape(-1, g * t, h.shape[-1])
+                prod = (dq @ dq.transpose(1, 2)) * (hq @ hq.transpose(1, 2))
+                self.dense[q:q + step] += prod.reshape(-1, g, t, g, t).sum(dim=(2, 4))
+            return
+        for a, b, block in zip(self.bounds[:-1], self.bounds[1:], self.blocks, strict=True):
+            if b > a:
+                df = d[a:b].reshape((b - a) * t, -1)
+                hf = h[a:b].reshape((b - a) * t, -1)
+                prod = (df @ df.T) * (hf @ hf.T)
+                block += prod.reshape(b - a, t, b - a, t).sum(dim=(1, 3))
+
+    def result(self, dense: bool) -> Any:
+        # Each product is symmetric only up to rounding; GGSR checks symmetry.
+        if self.equal is not None:
+            out = (self.dense + self.dense.transpose(1, 2)) / 2
+            return out if dense else out.reshape(-1)
+        return self.torch.cat([((b + b.T) / 2).reshape(-1) for b in self.blocks])
 
 
-def _exact_weight_block(torch: Any, d: Any, h: Any, block: Any) -> None:
-    """block += Σ_{t∈i, s∈j} ⟨δ_t, δ_s⟩⟨h_t, h_s⟩ for one group, by the cheaper route."""
-    n, t, d_out = d.shape
-    d_in = h.shape[-1]
-    materialise = n * t * d_out * d_in + n * n * d_out * d_in
-    pairs = (n * t) ** 2 * (d_in + d_out + 1)
-    route = _FORCE_ROUTE or ("pairs" if pairs < materialise else "materialise")
-    if route == "pairs":
-        df = d.reshape(n * t, d_out)
-        hf = h.reshape(n * t, d_in)
-        prod = (df @ df.T) * (hf @ hf.T)
-        block += prod.reshape(n, t, n, t).sum(dim=(1, 3))
-        return
-    rows = max(1, WORKSPACE // max(1, n * d_in))
-    dt = d.transpose(1, 2)
-    for start in range(0, d_out, rows):
-        g = torch.bmm(dt[:, start:start + rows], h).reshape(n, -1)
-        block += g @ g.T
+class _Rows:
+    """Per-response feature rows (weight gradients Δ_iᵀ H_i or their sketches, bias
+    gradients), gathered side by side and added to the blocks as G Gᵀ in few products.
+    The pieces and their concatenation together hold at most WORKSPACE numbers (a wider
+    layer is done in slices of its output rows)."""
+
+    def __init__(self, torch: Any, blocks: _Blocks) -> None:
+        self.torch = torch
+        self.blocks = blocks
+        self.capacity = max(1, WORKSPACE // 2)
+        self.pieces: list[Any] = []
+        self.width = 0
+
+    def add(self, piece: Any) -> None:
+        """Queue rows (N, F)."""
+        n, width = int(piece.shape[0]), int(piece.shape[1])
+        if self.pieces and n * (self.width + width) > self.capacity:
+            self.flush()
+        self.pieces.append(piece)
+        self.width += width
+
+    def add_products(self, d: Any, h: Any) -> None:
+        """Queue the rows Δ_iᵀ H_i (N, d_out · d_in), in slices of output rows."""
+        n, d_out, d_in = int(d.shape[0]), int(d.shape[-1]), int(h.shape[-1])
+        step = max(1, self.capacity // max(1, n * d_in))
+        dt = d.transpose(1, 2)
+        for start in range(0, d_out, step):
+            self.add(self.torch.bmm(dt[:, start:start + step], h).reshape(n, -1))
+
+    def flush(self) -> None:
+        if not self.pieces:
+            return
+        x = self.pieces[0] if len(self.pieces) == 1 else self.torch.cat(self.pieces, dim=1)
+        self.pieces, self.width = [], 0
+        self.blocks.add_rows(x)
 
 
 def response_objectives(

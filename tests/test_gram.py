@@ -347,6 +347,73 @@ def test_weight_sharing_and_repeated_calls() -> None:
     assert relative_error(gram, expected) <= 1e-10
 
 
+class SharedInput(TokenMLP):
+    """Four layers read one tensor (as q/k/v projections do): one with a bias, one without,
+    one with a frozen weight and a trainable bias, and one called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 5)
+        self.b = nn.Linear(6, 4, bias=False)
+        self.c = nn.Linear(6, 5)
+        self.c.weight.requires_grad_(False)
+        self.e = nn.Linear(6, 5)
+        self.out = nn.Linear(5, 11)
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        h = self.embed(ids)
+        mixed = torch.tanh(self.a(h)) * torch.tanh(self.c(h)) + self.e(h) * self.e(h + 0.3)
+        return self.out(mixed + self.b(h).sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("route", ["materialise", "pairs"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layers_sharing_an_input(layout: str, route: str, monkeypatch: pytest.MonkeyPatch
+                                 ) -> None:
+    # a and b bundle into one product; c (bias only) and e (called twice) stay apart
+    monkeypatch.setattr(tg, "_FORCE_ROUTE", route)
+    torch.manual_seed(0)
+    model = SharedInput().double()
+    batch = make_batch(9)
+    gram, capture = captured(model, batch, LAYOUTS[layout])
+    assert capture.layers == ["fc1", "fc2", "a", "b", "c", "e", "out"]
+    expected = layout_blocks(brute_force(model, batch, capture.parameters()), LAYOUTS[layout])
+    assert relative_error(gram, expected) <= 1e-10
+
+
+@pytest.mark.parametrize("route", ["materialise", "pairs"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_small_workspace_slices_and_flushes(layout: str, route: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # A workspace of 64 numbers: every product in slices of one output row, rows added to
+    # K a slice at a time, token pairs one group at a time; K is unchanged.
+    model = make_model("llama")
+    batch = make_batch(9, vocab=24)
+    exact, _ = captured(model, batch, LAYOUTS[layout])
+    monkeypatch.setattr(tg, "_FORCE_ROUTE", route)
+    monkeypatch.setattr(tg, "WORKSPACE", 64)
+    small, capture = captured(model, batch, LAYOUTS[layout])
+    np.testing.assert_allclose(small, exact, rtol=1e-10, atol=1e-12 * np.abs(exact).max())
+    sketched_small = captured(model, batch, LAYOUTS[layout], sketch_dim=32, seed=3)[0]
+    monkeypatch.setattr(tg, "WORKSPACE", 1 << 24)
+    sketched_large = captured(model, batch, LAYOUTS[layout], sketch_dim=32, seed=3)[0]
+    np.testing.assert_allclose(sketched_small, sketched_large, rtol=1e-10,
+                               atol=1e-12 * np.abs(sketched_large).max())
+
+
+def test_equal_groups_in_any_order() -> None:
+    # Equal groups (contiguous or interleaved ids, offsets) run as one (B, n, n) batch,
+    # after a permutation when the ids interleave; unequal interleaved ids group by group.
+    model = make_model("transformer")
+    batch = make_batch(8, vocab=13)
+    full = brute_force(model, batch, GradientCapture(model).parameters())
+    for layout in ({"group_ids": [0, 0, 1, 1, 2, 2, 3, 3]}, {"group_ids": [1, 0, 1, 0] * 2},
+                   {"offsets": np.array([0, 4, 8])}, {"group_ids": [2, 0, 1, 0, 2, 1, 1, 2]}):
+        gram, _ = captured(model, batch, layout)
+        assert relative_error(gram, layout_blocks(full, layout)) <= 1e-10
+
+
 # --------------------------------------------------------------------------- selection
 
 
