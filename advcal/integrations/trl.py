@@ -372,9 +372,13 @@ class AdvcalGRPOMixin:
         from advcal.torch import GradientCapture
 
         settings = self._advcal
-        capture = GradientCapture(self.accelerator.unwrap_model(model),  # type: ignore[attr-defined]
-                                  settings.layers, sketch_dim=settings.sketch_dim,
-                                  seed=settings.seed)
+        # Unwrapping asks accelerate which wrappers exist: once per wrapper object.
+        unwrapped = getattr(self, "_advcal_unwrapped", None)
+        if unwrapped is None or unwrapped[0] is not model:
+            unwrapped = (model, self.accelerator.unwrap_model(model))  # type: ignore[attr-defined]
+            self._advcal_unwrapped = unwrapped
+        capture = GradientCapture(unwrapped[1], settings.layers,
+                                  sketch_dim=settings.sketch_dim, seed=settings.seed)
         with capture:
             self._advcal_capture = capture
             self._advcal_inputs = inputs
@@ -411,23 +415,30 @@ class AdvcalGRPOMixin:
         )
         groups = inputs["advcal_group"].cpu().numpy()
         rewards = inputs["advcal_rewards"].detach().cpu().numpy().astype(np.float64)
-        gram = capture.gram(objectives, group_ids=groups)
-        # the blocks' layout: groups in order of first appearance, members in batch order
-        index = advcal.groups_from_ids(groups)
-        order, sizes = index.order, np.diff(index.offsets)
-        # Unscorable completions leave their group: drop their rows and columns.
-        rows, blocks, kept_sizes = [], [], []
-        block_start = row_start = 0
-        for size in sizes:
-            members = order[row_start:row_start + size]
-            block = gram[block_start:block_start + size * size].reshape(size, size)
-            row_start, block_start = row_start + size, block_start + size * size
-            valid = ~np.isnan(rewards[members])
-            rows.append(members[valid])
-            blocks.append(block[np.ix_(valid, valid)].ravel())
-            kept_sizes.append(int(valid.sum()))
-        keep = np.concatenate(rows)
-        offsets = advcal.offsets_from_sizes(kept_sizes)
+        if groups.size and (groups[1:] >= groups[:-1]).all():  # TRL's: whole groups, in order
+            order = np.arange(groups.size)
+            bounds = np.flatnonzero(np.diff(groups, prepend=groups[0] - 1, append=groups[-1] + 1))
+            gram = capture.gram(objectives, offsets=bounds)
+        else:  # the blocks' layout: groups in order of first appearance, rows in batch order
+            index = advcal.groups_from_ids(groups)
+            order, bounds = index.order, index.offsets
+            gram = capture.gram(objectives, group_ids=groups)
+        sizes = np.diff(bounds)
+        if not np.isnan(rewards).any():
+            keep, offsets, kept_sizes, blocks = order, bounds, sizes, [gram]
+        else:  # unscorable completions leave their group: drop their rows and columns
+            rows, blocks, kept = [], [], []
+            block_start = 0
+            for start, size in zip(bounds[:-1], sizes, strict=True):
+                members = order[start:start + size]
+                block = gram[block_start:block_start + size * size].reshape(size, size)
+                block_start += size * size
+                valid = ~np.isnan(rewards[members])
+                rows.append(members[valid])
+                blocks.append(block[np.ix_(valid, valid)].ravel())
+                kept.append(int(valid.sum()))
+            keep, kept_sizes = np.concatenate(rows), np.asarray(kept)
+            offsets = advcal.offsets_from_sizes(kept)
         settings = self._advcal
         # advcal.setgrpo's two steps, so that the sets (and their centres, for the
         # metrics) are built once.
