@@ -226,7 +226,7 @@ def as_batch(rewards: Any, offsets: Any, group_ids: Any, *, name: str = "rewards
                 f"2-D `{name}` are grouped by row."
             )
         flat = np.ascontiguousarray(values).reshape(-1)
-        return Batch(flat, _dense_offsets(*values.shape), shape=values.shape)
+        return Batch(flat, _dense_offsets(*values.shape), values.shape)
     if values.ndim != 1:
         raise ValueError(f"`{name}` must be 1-D (with offsets or group_ids) or 2-D; "
                          f"got {values.ndim}-D.")

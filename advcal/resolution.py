@@ -95,6 +95,8 @@ _UNBOUNDED = _Protocol(-math.inf, math.inf, False, 0.0, 0.0, 0.0, False)
 
 
 def _check_bool(value: Any, name: str) -> bool:
+    if type(value) is bool:  # the common case skips the isinstance test
+        return value
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"`{name}` must be a bool; got {type(value).__name__}.")
     return bool(value)

@@ -78,7 +78,7 @@ def run_over_groups(kernel: Any, offsets: np.ndarray, per_group: Sequence[np.nda
     number of rewards, True uses every thread numba may use, False none.
     """
     if threaded is None:  # by size; small batches skip asking numba
-        n_values = int(offsets[-1])
+        n_values = offsets.item(-1)
         n_chunks = (min(n_threads(), n_values // MIN_VALUES_PER_THREAD)
                     if n_values >= 2 * MIN_VALUES_PER_THREAD else 1)
     else:  # forced, whatever the size (tests)
