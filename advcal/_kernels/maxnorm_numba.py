@@ -3,9 +3,10 @@
 Two compiled kernels, serial loops over groups that write only their own slices, so
 ``pool.run_over_groups`` may run them on chunks of groups from several threads with
 results independent of the thread count: ``_plain`` computes MaxNorm weights of the
-rewards as they are; ``_groups`` first bins (or clips) the chunk's rewards into a float64
-output, then computes MaxNorm weights of them in place (``maxnorm``) or only the zero-gap
-mask (``resolve``).  Both go through ``_weights``, ``_stats``, ``_group_scale`` and
+rewards as they are (the common call: no binning, clipping or omitted NaN); ``_groups``
+first bins (or clips, or only copies) the chunk's rewards into a float64 output, then
+computes MaxNorm weights of them in place (``maxnorm``) or only the zero-gap mask
+(``resolve``).  The weights go through ``_weights``, ``_stats``, ``_group_scale`` and
 ``_weight``; the dead-zone rule is ``_dead``.  Groups are index ranges, not slices: a
 slice costs a reference count per group, and unsigned indices spare the loops the
 negative-index test that keeps them from vectorizing.  Arithmetic is float64 whatever
