@@ -745,6 +745,9 @@ class _Rows:
         n, d_out, d_in = int(d.shape[0]), int(d.shape[-1]), int(h.shape[-1])
         step = max(1, self.capacity // max(1, n * d_in))
         dt = d.transpose(1, 2)
+        if step >= d_out:
+            self.add(self.torch.bmm(dt, h).reshape(n, -1))
+            return
         for start in range(0, d_out, step):
             self.add(self.torch.bmm(dt[:, start:start + step], h).reshape(n, -1))
 

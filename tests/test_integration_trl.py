@@ -279,6 +279,70 @@ def test_setgrpo_needs_whole_groups_in_the_loss() -> None:
                    calibration=calibration, tau=0.1)
 
 
+class _FakeCapture:
+    """A Gram matrix over every response, handed out in the layout GradientCapture.gram
+    documents (flat blocks; groups in order of first appearance, rows in batch order)."""
+
+    def __init__(self, full: np.ndarray) -> None:
+        self.full = full
+
+    def gram(self, objectives, offsets=None, group_ids=None):
+        if offsets is not None:
+            members = [np.arange(a, b) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        else:
+            index = advcal.groups_from_ids(group_ids)
+            members = [index.order[a:b] for a, b in zip(index.offsets[:-1], index.offsets[1:],
+                                                        strict=True)]
+        return np.concatenate([self.full[np.ix_(m, m)].ravel() for m in members])
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+@pytest.mark.parametrize("unscorable", [(), (1, 6, 7)])
+def test_setgrpo_coefficients_of_whole_and_shuffled_batches(shuffled, unscorable) -> None:
+    # In order (as generated) or shuffled (as TRL hands batches to the loss), with or
+    # without None rewards: the coefficients are advcal.setgrpo's on what is left of each
+    # group, and 0 for an unscorable completion.
+    import collections
+    import types
+
+    from advcal.integrations.trl import _settings_iv
+
+    rng = np.random.default_rng(4)
+    clean = rng.uniform(0, 1, (300, G))
+    calibration = advcal.calibrate_sets(clean + rng.normal(0, 0.1, clean.shape),
+                                        clean + rng.normal(0, 0.1, clean.shape), alpha=0.2)
+    n = 3 * G
+    perm = rng.permutation(n) if shuffled else np.arange(n)
+    groups = np.repeat(np.arange(3), G)[perm]
+    rewards = rng.uniform(0, 1, n).astype(np.float32).astype(np.float64)
+    rewards[list(unscorable)] = np.nan
+    features = rng.normal(size=(n, 5))
+    full = features @ features.T
+
+    state = object.__new__(type("State", (AdvcalGRPOMixin,), {}))
+    state._advcal = _settings_iv("setgrpo", None, calibration, TAU, None, None, 0)
+    state.loss_type, state.max_completion_length = "grpo", 3
+    state.accelerator = types.SimpleNamespace(num_processes=1)
+    state._metrics = {"train": collections.defaultdict(list)}
+    inputs = {"completion_mask": torch.ones(n, 3), "advcal_group": torch.as_tensor(groups),
+              "advcal_rewards": torch.as_tensor(rewards, dtype=torch.float32)}
+    logps = torch.zeros(n, 3, requires_grad=True)
+    got = state._setgrpo_coefficients(_FakeCapture(full), inputs, logps).numpy()
+
+    index = advcal.groups_from_ids(groups)
+    kept = [m[~np.isnan(rewards[m])] for m in (index.order[a:b] for a, b in zip(
+        index.offsets[:-1], index.offsets[1:], strict=True))]
+    rows = np.concatenate(kept)
+    result = advcal.setgrpo(rewards[rows], advcal.offsets_from_sizes([m.size for m in kept]),
+                            gram=np.concatenate([full[np.ix_(m, m)].ravel() for m in kept]),
+                            calibration=calibration, tau=TAU)
+    expected = np.zeros(n)
+    expected[rows] = result.coefficients
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    assert (got[list(unscorable)] == 0).all() and np.abs(got).max() > 0
+    assert state._metrics["train"]["advcal/accepted_fraction"]
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"advantage": "bogus"}, "advantage"),
     ({"advantage": "range"}, "RangeCalibration"),

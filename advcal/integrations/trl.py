@@ -415,9 +415,10 @@ class AdvcalGRPOMixin:
         )
         groups = inputs["advcal_group"].cpu().numpy()
         rewards = inputs["advcal_rewards"].detach().cpu().numpy().astype(np.float64)
-        if groups.size and (groups[1:] >= groups[:-1]).all():  # TRL's: whole groups, in order
+        steps = groups[1:] - groups[:-1]
+        if (steps >= 0).all():  # TRL's batches: whole groups, in order
             order = np.arange(groups.size)
-            bounds = np.flatnonzero(np.diff(groups, prepend=groups[0] - 1, append=groups[-1] + 1))
+            bounds = np.concatenate(([0], np.flatnonzero(steps) + 1, [groups.size]))
             gram = capture.gram(objectives, offsets=bounds)
         else:  # the blocks' layout: groups in order of first appearance, rows in batch order
             index = advcal.groups_from_ids(groups)
