@@ -91,8 +91,9 @@ def cache_dir() -> Path | None:
         pass
     # (a root left relative, e.g. an unexpanded "~", would cache under the cwd: skipped)
     for root in roots:
+        created = not (root / leaf).is_dir()
         if root.is_absolute() and _writable(root / leaf):
-            if root == in_tree:
+            if created and root == in_tree:
                 # The package's own cache holds kernels of earlier versions of this tree
                 # only: drop them.  Shared locations may serve other installs.
                 for old in in_tree.glob(_PREFIX + "*"):

@@ -44,12 +44,9 @@ def _check_gram(k, base, n, work):
     scale = 0.0
     for i in range(n):
         for j in range(n):
-            v = k[base + i * n + j]
-            if not math.isfinite(v):
+            if not math.isfinite(k[base + i * n + j]):
                 return NOT_FINITE, 0.0
-        d = k[base + i * n + i]
-        if d > scale:
-            scale = d
+        scale = max(scale, k[base + i * n + i])
     tol = GRAM_RTOL * scale
     for i in range(n):
         for j in range(i + 1, n):
