@@ -132,8 +132,8 @@ def _weights(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, h
         n, shift, total, low, high = _stats(x, a, b, omit_nan)
         shift, mean, factor, s = _group_scale(n, shift, total, low, high, tau, loo,
                                               dead_zone, raw_singletons)
-        n_bad += (not math.isfinite(total)) | (not math.isfinite(low)) | (
-            not math.isfinite(high)) | (not math.isfinite(s))
+        # a NaN or inf among the valid rewards makes their sum NaN or inf
+        n_bad += (not math.isfinite(total)) | (not math.isfinite(s))
         n_out += (n > 0) & ((low < lo) | (high > hi))
         if per_group:
             keep[q] = (n >= 2) & (low != high)
