@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from advcal._validation import check_offsets
-from advcal.layouts import groups_from_ids
+from advcal.layouts import GroupIndex, groups_from_ids
 
 __all__ = ["GradientCapture", "last_blocks", "response_objectives"]
 
@@ -266,12 +266,21 @@ def _group_layout(n: int, offsets: Any, group_ids: Any, group_size: Any
             raise ValueError(str(exc).replace("number of rewards", "length of `objectives`")) \
                 from None
         return None, np.asarray(off, dtype=np.int64), False
-    if _torch().is_tensor(group_ids):
-        group_ids = group_ids.detach().cpu().numpy()
-    index = groups_from_ids(group_ids)
-    if index.order.size != n:
-        raise ValueError(f"`group_ids` must have one label per objective ({n}); got "
-                         f"{index.order.size}.")
+    if isinstance(group_ids, GroupIndex):  # labels grouped once by the caller
+        index = group_ids
+        order = np.asarray(index.order)
+        if order.ndim != 1 or order.size != n or order.dtype.kind not in "iu" \
+                or (order < 0).any() or not (np.bincount(order, minlength=n) == 1).all():
+            raise ValueError(f"`group_ids`: its GroupIndex order must be a permutation of the "
+                             f"{n} responses.")
+        check_offsets(index.offsets, n)
+    else:
+        if _torch().is_tensor(group_ids):
+            group_ids = group_ids.detach().cpu().numpy()
+        index = groups_from_ids(group_ids)
+        if index.order.size != n:
+            raise ValueError(f"`group_ids` must have one label per objective ({n}); got "
+                             f"{index.order.size}.")
     order = np.asarray(index.order, dtype=np.int64)
     identity = bool((order == np.arange(n)).all())
     return (None if identity else order), np.asarray(index.offsets, dtype=np.int64), False
@@ -463,10 +472,11 @@ class GradientCapture:
             capture (:func:`response_objectives`); response i must be row i of the batch.
         offsets : array_like of int, shape (B + 1,), optional
             CSR group boundaries: flat row-major n_q × n_q blocks in group order.
-        group_ids : sequence of hashable, length N, optional
+        group_ids : sequence of hashable, length N, or GroupIndex, optional
             Per-response group labels: flat blocks, groups in order of first appearance,
             rows in the responses' order within a group (as :func:`advcal.setgrpo` takes
-            them with ``group_ids``).
+            them with ``group_ids``).  The :func:`advcal.groups_from_ids` of the labels may
+            be passed instead, when the caller has it already.
         group_size : int, optional
             Consecutive groups of ``group_size`` responses: ``(B, G, G)`` blocks, for dense
             ``(B, G)`` rewards.

@@ -818,3 +818,20 @@ def test_a_layer_that_never_runs() -> None:
     expected = brute_force(model, batch, [model.fc1.weight, model.fc1.bias])
     layout = {"offsets": np.array([0, 3, 6])}
     assert relative_error(gram, layout_blocks(expected, layout)) <= 1e-10
+
+
+def test_group_index_for_group_ids() -> None:
+    # the caller's groups_from_ids of the labels gives the same blocks as the labels
+    model = make_model("mlp")
+    batch = make_batch(9)
+    ids = LAYOUTS["shuffled ids"]["group_ids"]
+    by_labels, _ = captured(model, batch, {"group_ids": ids})
+    by_index, _ = captured(model, batch, {"group_ids": groups_from_ids(ids)})
+    np.testing.assert_array_equal(by_index, by_labels)
+    index = groups_from_ids(ids)
+    for order in (index.order[:-1], np.r_[index.order[:-1], index.order[0]],
+                  np.r_[index.order[:-1], -1]):
+        with pytest.raises(ValueError, match="permutation"):
+            captured(model, batch, {"group_ids": index._replace(order=order)})
+    with pytest.raises(ValueError, match="offsets"):
+        captured(model, batch, {"group_ids": index._replace(offsets=index.offsets[:-1])})

@@ -287,10 +287,13 @@ class _FakeCapture:
         self.full = full
 
     def gram(self, objectives, offsets=None, group_ids=None):
+        from advcal.layouts import GroupIndex
+
         if offsets is not None:
             members = [np.arange(a, b) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
         else:
-            index = advcal.groups_from_ids(group_ids)
+            index = group_ids if isinstance(group_ids, GroupIndex) else \
+                advcal.groups_from_ids(group_ids)
             members = [index.order[a:b] for a, b in zip(index.offsets[:-1], index.offsets[1:],
                                                         strict=True)]
         return np.concatenate([self.full[np.ix_(m, m)].ravel() for m in members])

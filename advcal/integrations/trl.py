@@ -423,7 +423,7 @@ class AdvcalGRPOMixin:
         else:  # the blocks' layout: groups in order of first appearance, rows in batch order
             index = advcal.groups_from_ids(groups)
             order, bounds = index.order, index.offsets
-            gram = capture.gram(objectives, group_ids=groups)
+            gram = capture.gram(objectives, group_ids=index)
         sizes = np.diff(bounds)
         if not np.isnan(rewards).any():
             keep, offsets, kept_sizes, blocks = order, bounds, sizes, [gram]
