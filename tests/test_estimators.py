@@ -368,6 +368,52 @@ def test_threaded_kernel_is_bitwise_identical_for_any_thread_count():
         assert result.tobytes() == serial.tobytes()
 
 
+_CPU_OUTPUTS = """
+import sys
+import numpy as np
+import advcal
+rng = np.random.default_rng(1)
+offsets = advcal.offsets_from_sizes(rng.integers(2, 300, 300))
+x = rng.normal(size=int(offsets[-1])) * 10 + 3
+u = rng.uniform(size=x.size)
+out = {name: getattr(advcal, name)(x, offsets) for name in ("grpo", "rloo", "dr_grpo")}
+out["grpo_f32"] = advcal.grpo(x.astype(np.float32), offsets)
+out["maxnorm"] = advcal.maxnorm(x, offsets, tau_res=0.05)
+out["maxnorm_binned"] = advcal.maxnorm(u, offsets, tau_res=0.05, resolution=0.01)
+np.savez(sys.argv[1], **out)
+"""
+
+
+def _avx2_and_fma() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return {"avx2", "fma"} <= set(flags)
+
+
+@pytest.mark.skipif(not _avx2_and_fma(), reason="needs an x86-64 CPU with AVX2 and FMA")
+def test_an_avx2_build_equals_the_host_build_bitwise(tmp_path):
+    # One code path for every CPU; the vector width LLVM picks for the host (AVX-512 on
+    # some machines) must not change the order of the sums against an AVX2 build.
+    import subprocess
+    import sys
+
+    script = tmp_path / "outputs.py"
+    script.write_text(_CPU_OUTPUTS)
+    results = {}
+    for cpu in ("host", "haswell"):
+        env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / cpu), NUMBA_CPU_NAME=cpu)
+        env.pop("NUMBA_CPU_FEATURES", None)
+        path = tmp_path / f"{cpu}.npz"
+        subprocess.run([sys.executable, str(script), str(path)], env=env, check=True,
+                       cwd=os.path.dirname(os.path.dirname(advcal.__file__)), timeout=600)
+        results[cpu] = np.load(path)
+    for name in results["host"].files:
+        assert results["host"][name].tobytes() == results["haswell"][name].tobytes(), name
+
+
 @given(batch=ragged_batches(min_size=0), mode=st.sampled_from([DR, GRPO, RLOO, FIXED]),
        omit=st.booleans(), raw=st.booleans())
 def test_chunks_on_threads_equal_one_chunk_bitwise(batch, mode, omit, raw):
