@@ -37,6 +37,10 @@ PRESETS = ("all", "lora")
 # Elements of one materialised block of per-response gradients (route "materialise"): a
 # layer wider than this is done in slices of its output rows, so memory stays bounded.
 WORKSPACE = 1 << 24
+# Per-response rows gathered for one G Gᵀ product, and δ concatenated across the layers
+# of a bundle, stay within this share of WORKSPACE: small models batch many layers per
+# product, large ones stay near the memory of one layer at a time.
+_SHARE = 8
 # Tests set this to "materialise" or "pairs" to run one exact route everywhere.
 _FORCE_ROUTE: str | None = None
 
@@ -580,9 +584,11 @@ class GradientCapture:
     def _bundles(self, per_layer: list[list[tuple[Any, Any]]]) -> list[list[int]]:
         """The layers that ran, in bundles that read one input tensor (q/k/v projections,
         an MLP's gate and up projections): the weight gradients Δᵀ H of a bundle take one
-        product, with its layers' δ side by side.  Only exact single-call weights bundle."""
+        product, with its layers' δ side by side (within WORKSPACE / _SHARE numbers).  Only
+        exact single-call weights bundle."""
         bundles: list[list[int]] = []
         by_input: dict[tuple[Any, ...], list[int]] = {}
+        sizes: dict[int, int] = {}  # numbers of δ per bundle, by its first layer
         for index, pairs in enumerate(per_layer):
             if not pairs:
                 continue
@@ -593,10 +599,14 @@ class GradientCapture:
                 continue
             # same memory, shape and strides: the same values (none was edited in place)
             key = (x.data_ptr(), x.device, x.dtype, tuple(x.shape), x.stride())
-            if key in by_input:
-                by_input[key].append(index)
+            size = int(pairs[0][1].numel())
+            bundle = by_input.get(key)
+            if bundle is not None and sizes[bundle[0]] + size <= WORKSPACE // _SHARE:
+                bundle.append(index)
+                sizes[bundle[0]] += size
             else:
                 by_input[key] = [index]
+                sizes[index] = size
                 bundles.append(by_input[key])
         return bundles
 
@@ -732,13 +742,14 @@ class _Blocks:
 class _Rows:
     """Per-response feature rows (weight gradients Δ_iᵀ H_i or their sketches, bias
     gradients), gathered side by side and added to the blocks as G Gᵀ in few products.
-    The pieces and their concatenation together hold at most WORKSPACE numbers (a wider
-    layer is done in slices of its output rows)."""
+    The pieces hold at most WORKSPACE / _SHARE numbers, so that with their concatenation
+    and its permutation into group order they stay well within WORKSPACE (a wider layer is
+    done in slices of its output rows)."""
 
     def __init__(self, torch: Any, blocks: _Blocks) -> None:
         self.torch = torch
         self.blocks = blocks
-        self.capacity = max(1, WORKSPACE // 2)
+        self.capacity = max(1, WORKSPACE // _SHARE)
         self.pieces: list[Any] = []
         self.width = 0
 
