@@ -400,6 +400,7 @@ class AdvcalGRPOMixin:
                               per_token_logps: torch.Tensor) -> torch.Tensor:
         import torch
 
+        from advcal.layouts import GroupIndex
         from advcal.torch import response_objectives
 
         mask = inputs["completion_mask"]
@@ -415,15 +416,13 @@ class AdvcalGRPOMixin:
         )
         groups = inputs["advcal_group"].cpu().numpy()
         rewards = inputs["advcal_rewards"].detach().cpu().numpy().astype(np.float64)
-        steps = groups[1:] - groups[:-1]
-        if (steps >= 0).all():  # TRL's batches: whole groups, in order
-            order = np.arange(groups.size)
-            bounds = np.concatenate(([0], np.flatnonzero(steps) + 1, [groups.size]))
-            gram = capture.gram(objectives, offsets=bounds)
-        else:  # the blocks' layout: groups in order of first appearance, rows in batch order
-            index = advcal.groups_from_ids(groups)
-            order, bounds = index.order, index.offsets
-            gram = capture.gram(objectives, group_ids=index)
+        # TRL shuffles the batch before the loss: one stable sort groups the rows (by group
+        # number, rows in batch order), and the Gram blocks come in that layout.
+        order = np.argsort(groups, kind="stable")
+        ordered = groups[order]
+        bounds = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1,
+                                 [groups.size]))
+        gram = capture.gram(objectives, group_ids=GroupIndex(bounds, order, ordered[bounds[:-1]]))
         sizes = np.diff(bounds)
         if not np.isnan(rewards).any():
             keep, offsets, kept_sizes, blocks = order, bounds, sizes, [gram]
