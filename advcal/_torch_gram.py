@@ -716,8 +716,9 @@ class _Blocks:
         t = int(d.shape[1])
         if self.equal is not None:
             g = self.equal
-            # at most WORKSPACE token-pair products at once
-            step = max(1, WORKSPACE // max(1, (g * t) ** 2))
+            # groups in chunks of at most WORKSPACE / _SHARE token pairs (three such arrays
+            # live at once); a group larger than that is one chunk, as ragged groups are
+            step = max(1, WORKSPACE // _SHARE // max(1, (g * t) ** 2))
             for q in range(0, len(self.sizes), step):
                 dq = d[q * g:(q + step) * g].reshape(-1, g * t, d.shape[-1])
                 hq = h[q * g:(q + step) * g].reshape(-1, g * t, h.shape[-1])
