@@ -437,7 +437,8 @@ class GradientCapture:
 
     def __exit__(self, *exc: object) -> None:
         self._remove()
-        self._state = "recorded"
+        if self._state == "recording":  # gram() inside the block already consumed it
+            self._state = "recorded"
 
     def _remove(self) -> None:
         for handle in self._handles:
@@ -451,6 +452,8 @@ class GradientCapture:
 
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
                  ) -> None:
+            if self._state != "recording":
+                return  # gram()'s backward re-running a checkpointed layer: not a forward
             if not (torch.is_tensor(output) and output.requires_grad):
                 return  # under no_grad (e.g. old log-probabilities): nothing to differentiate
             x = args[0] if args else next(iter(kwargs.values()))
@@ -541,6 +544,7 @@ class GradientCapture:
             name = self._layers[index].name
             self._check_rows(x, n, name, "input")
             self._check_rows(y, n, name, "output")
+        self._state = "done"  # from here on the capture is consumed, even if this fails
         try:
             deltas = torch.autograd.grad(objectives.sum(), [rec[2] for _, rec in flat],
                                          retain_graph=True, allow_unused=True)
@@ -559,7 +563,6 @@ class GradientCapture:
             if delta is not None:
                 per_layer[index].append((x, delta))
         self._records = None  # the activations are released as the layers are done
-        self._state = "done"
         del flat, deltas
         blocks = _Blocks(torch, order, bounds, acc, params[0].device)
         rows = _Rows(torch, blocks)

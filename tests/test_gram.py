@@ -835,3 +835,33 @@ def test_group_index_for_group_ids() -> None:
             captured(model, batch, {"group_ids": index._replace(order=order)})
     with pytest.raises(ValueError, match="offsets"):
         captured(model, batch, {"group_ids": index._replace(offsets=index.offsets[:-1])})
+
+
+class CheckpointedMLP(TokenMLP):
+    """TokenMLP whose hidden layer is recomputed in the backward pass (non-reentrant
+    activation checkpointing, as transformers' gradient checkpointing does)."""
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        def hidden(e: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.fc1(e))
+
+        return self.fc2(checkpoint(hidden, self.embed(ids), use_reentrant=False))
+
+
+def test_activation_checkpointing_records_only_the_forward() -> None:
+    torch.manual_seed(0)
+    model = CheckpointedMLP().double()
+    batch = make_batch(6)
+    calls = []
+    model.fc1.register_forward_hook(lambda *args: calls.append(1))
+    with GradientCapture(model) as capture:
+        objectives = objectives_of(model, batch)
+        assert len(calls) == 1
+        gram = capture.gram(objectives, group_size=3)  # its backward re-runs fc1
+    assert len(calls) == 2
+    expected = layout_blocks(brute_force(model, batch, capture.parameters()),
+                             {"group_size": 3})
+    assert relative_error(gram, expected) < 1e-10
