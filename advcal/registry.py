@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -51,6 +50,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from advcal._blocks import expand, segment_sum
+from advcal._kernels import engine
 from advcal._validation import check_choice, check_keywords
 from advcal.baselines import group_scales, grpo_kl_comp, huber_scale, mad_scale, p90_scale
 from advcal.estimators import (
@@ -205,39 +205,6 @@ def _count(mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return segment_sum(mask.astype(np.float64), offsets)
 
 
-# Deviations are rescaled to units of the group's largest one only outside these bounds,
-# where their squares could under- or overflow float64.
-_TINY, _HUGE = 2.0 ** -400, 2.0 ** 400
-
-
-def _group_std(values: np.ndarray, offsets: np.ndarray, ddof: int) -> np.ndarray:
-    """Per-group standard deviation, exactly 0 for a constant group (float64)."""
-    sizes = np.diff(offsets)
-    codes = np.repeat(np.arange(sizes.size), sizes)
-    x = values.astype(np.float64)
-    shift = np.zeros(sizes.size)
-    shift[sizes > 0] = x[offsets[:-1][sizes > 0]]
-    # Deviations from a member of the group: a constant group has exactly 0 spread.
-    d = x - shift[codes]
-    # A tiny (or huge) spread in units of the group's largest deviation, as the estimators'
-    # kernels rescale: its squares neither underflow nor overflow.
-    top = np.zeros(sizes.size)
-    if codes.size:
-        top[sizes > 0] = np.maximum.reduceat(np.abs(d), offsets[:-1][sizes > 0])
-    unit = np.where(((top > _TINY) & (top < _HUGE)) | (top == 0.0), 1.0, top)
-    z = d / unit[codes]
-    t1 = np.bincount(codes, z, sizes.size)
-    t2 = np.bincount(codes, z * z, sizes.size)
-    mean = t1 / np.maximum(sizes, 1)
-    # One pass (t2 - t1 * mean), unless it cancels (loses more than 3 bits) or the
-    # deviations were rescaled: then the sum of squares around the mean.
-    ss = t2 - t1 * mean
-    again = (unit != 1.0) | ~(t2 <= 8.0 * ss)
-    if again.any():
-        ss = np.where(again, np.bincount(codes, (z - mean[codes]) ** 2, sizes.size), ss)
-    return unit * np.sqrt(ss / np.maximum(sizes - ddof, 1))
-
-
 class _Spread(NamedTuple):
     """Per-group count of valid rewards, their std (float64) and whether they differ."""
 
@@ -246,85 +213,12 @@ class _Spread(NamedTuple):
     gap: np.ndarray
 
 
-def _spread_loop(values: np.ndarray, offsets: np.ndarray, ddof: int, omit: bool,
-                 count: np.ndarray, std: np.ndarray, gap: np.ndarray) -> None:
-    """The numba twin of ``_group_std`` (and the extremes): the same sums in the same
-    order, in one pass over the group unless its squares cancel or would under- or
-    overflow."""
-    for q in range(offsets.size - 1):
-        start, stop = offsets[q], offsets[q + 1]
-        first = start  # the first valid reward: the shift
-        while omit and first < stop and math.isnan(values[first]):
-            first += 1
-        count[q] = 0
-        gap[q] = False
-        std[q] = 0.0
-        if first == stop:
-            continue
-        shift = low = high = np.float64(values[first])
-        n = 1
-        t1 = t2 = 0.0
-        for i in range(first + 1, stop):
-            x = np.float64(values[i])
-            if omit and math.isnan(x):
-                continue
-            low = min(low, x)
-            high = max(high, x)
-            d = x - shift
-            t1 += d
-            t2 += d * d
-            n += 1
-        count[q] = n
-        gap[q] = high != low
-        if high == low:
-            continue
-        top = max(high - shift, shift - low)
-        unit = 1.0 if _TINY < top < _HUGE else top
-        if unit == 1.0:
-            mean = t1 / n
-            ss = t2 - t1 * mean
-        else:
-            t1 = 0.0
-            for i in range(first, stop):
-                x = np.float64(values[i])
-                if not (omit and math.isnan(x)):
-                    t1 += (x - shift) / unit
-            mean = t1 / n
-        if unit != 1.0 or not t2 <= 8.0 * ss:
-            ss = 0.0
-            for i in range(first, stop):
-                x = np.float64(values[i])
-                if not (omit and math.isnan(x)):
-                    z = (x - shift) / unit - mean
-                    ss += z * z
-        std[q] = unit * math.sqrt(ss / max(n - ddof, 1))
-
-
-@functools.cache
-def _spread_kernel() -> Any:
-    from advcal._numba_cache import cached_njit  # numba is imported on first use only
-
-    return cached_njit(_spread_loop, nogil=True, error_model="numpy")
-
-
 def _group_spread(values: np.ndarray, offsets: np.ndarray, ddof: int, omit: bool,
                   backend: str) -> _Spread:
     """Count, std (``ddof``; 0 for a constant group) and gap of every group's rewards,
     NaN rewards left out with ``omit``: the per-group facts of the std and unit scale
-    rules, in one pass of a compiled loop (``backend="numba"``) or with numpy."""
-    n_groups = offsets.size - 1
-    if backend == "numba":
-        count = np.empty(n_groups, dtype=np.int64)
-        std = np.empty(n_groups)
-        gap = np.empty(n_groups, dtype=np.bool_)
-        _spread_kernel()(values, offsets, ddof, omit, count, std, gap)
-        return _Spread(count, std, gap)
-    if omit:
-        valid = ~np.isnan(values)
-        offsets = np.concatenate(([0], np.cumsum(valid)))[offsets]
-        values = values[valid]
-    low, high = _extremes(values, offsets)
-    return _Spread(np.diff(offsets), _group_std(values, offsets, ddof), high != low)
+    rules, from the point engine of ``backend``."""
+    return _Spread(*engine("point", backend).group_spread(values, offsets, ddof, omit))
 
 
 @functools.cache

@@ -433,6 +433,9 @@ def test_chunks_on_threads_equal_one_chunk_bitwise(batch, mode, omit, raw):
             "group_moments": lambda t: np.concatenate(
                 [np.asarray(a, dtype=float) for a in point_numba.group_moments(
                     x, offsets, omit, threaded=t)]),
+            "group_spread": lambda t: np.concatenate(
+                [np.asarray(a, dtype=float) for a in point_numba.group_spread(
+                    x, offsets, 1, omit, threaded=t)]),
         }
         for name, run in runs.items():
             assert run(True).tobytes() == run(False).tobytes(), name

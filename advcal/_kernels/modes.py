@@ -13,3 +13,6 @@ FIXED = 3  # u / divisor, one divisor for the whole batch (batch_std, gpg)
 # NaN and inf semantics: the wrappers detect bad rewards by the NaN/inf they leave.
 FASTMATH = frozenset({"reassoc", "nsz", "arcp", "contract"})
 
+# Deviations are rescaled to units of the group's largest one only outside these bounds,
+# where their squares could under- or overflow float64 (``group_spread``).
+TINY, HUGE = 2.0 ** -400, 2.0 ** 400

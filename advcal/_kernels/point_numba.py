@@ -14,7 +14,7 @@ import math
 import numpy as np
 from numba import njit
 
-from advcal._kernels.modes import FASTMATH, FIXED, GRPO, RLOO
+from advcal._kernels.modes import FASTMATH, FIXED, GRPO, HUGE, RLOO, TINY
 from advcal._kernels.pool import compile_serial, run_over_groups
 
 
@@ -206,10 +206,64 @@ def _statistics(offsets, count, shift, mean, ss, x, omit_nan):
         count[q], shift[q], mean[q], ss[q] = _moments(x[offsets[q]:offsets[q + 1]], omit_nan)
 
 
+def _spread(offsets, count, std, gap, x, ddof, omit_nan):
+    """Per group: valid rewards, std (0 for a constant group), whether they differ.  The
+    sums of ``point_numpy.group_spread`` in the same order (compiled without fast-math,
+    so the two engines agree bitwise), deviations rescaled as there."""
+    for q in range(offsets.size - 1):
+        start, stop = offsets[q], offsets[q + 1]
+        first = start  # the first valid reward: the shift
+        while omit_nan and first < stop and math.isnan(x[first]):
+            first += 1
+        count[q] = 0
+        gap[q] = False
+        std[q] = 0.0
+        if first == stop:
+            continue
+        shift = low = high = np.float64(x[first])
+        n = 1
+        t1 = t2 = 0.0
+        for i in range(first + 1, stop):
+            v = np.float64(x[i])
+            if omit_nan and math.isnan(v):
+                continue
+            low = min(low, v)
+            high = max(high, v)
+            d = v - shift
+            t1 += d
+            t2 += d * d
+            n += 1
+        count[q] = n
+        gap[q] = high != low
+        if high == low:
+            continue
+        top = max(high - shift, shift - low)
+        unit = 1.0 if TINY < top < HUGE else top
+        if unit == 1.0:
+            mean = t1 / n
+            ss = t2 - t1 * mean
+        else:
+            t1 = 0.0
+            for i in range(first, stop):
+                v = np.float64(x[i])
+                if not (omit_nan and math.isnan(v)):
+                    t1 += (v - shift) / unit
+            mean = t1 / n
+        if unit != 1.0 or not t2 <= 8.0 * ss:
+            ss = 0.0
+            for i in range(first, stop):
+                v = np.float64(x[i])
+                if not (omit_nan and math.isnan(v)):
+                    z = (v - shift) / unit - mean
+                    ss += z * z
+        std[q] = unit * math.sqrt(ss / max(n - ddof, 1))
+
+
 _center_scale_kernel = compile_serial(_center_scale, FASTMATH)
 _opo_kernel = compile_serial(_opo, FASTMATH)
 _passk_kernel = compile_serial(_passk, FASTMATH)
 _statistics_kernel = compile_serial(_statistics, FASTMATH)
+_spread_kernel = compile_serial(_spread, frozenset())
 
 
 def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
@@ -243,3 +297,15 @@ def group_moments(x, offsets, omit_nan, threaded=None):
     run_over_groups(_statistics_kernel, offsets, (count, shift, mean, ss), x, omit_nan,
                     threaded=threaded)
     return count.astype(np.int64), shift + mean, ss
+
+
+def group_spread(x, offsets, ddof, omit_nan, threaded=None):
+    """Per-group (count of valid rewards, std with ``ddof``, whether they differ), for
+    the scale rules of ``advcal.registry``."""
+    n_groups = offsets.size - 1
+    count = np.empty(n_groups, dtype=np.int64)
+    std = np.empty(n_groups)
+    gap = np.empty(n_groups, dtype=np.bool_)
+    run_over_groups(_spread_kernel, offsets, (count, std, gap), x, ddof, omit_nan,
+                    threaded=threaded)
+    return count, std, gap

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from advcal._kernels.modes import FIXED, GRPO, RLOO
+from advcal._kernels.modes import FIXED, GRPO, HUGE, RLOO, TINY
 from advcal._kernels.oracle_groups import groups
 
 # Non-finite rewards propagate to NaN on purpose (the wrapper raises a clear error from
@@ -127,3 +127,42 @@ def group_moments(x, offsets, omit_nan):
             mean[q] = r[0] + (r - r[0]).mean()
             ss[q] = np.sum(_centered(r) ** 2)
     return count, mean, ss
+
+
+@_quiet
+def group_spread(x, offsets, ddof, omit_nan):
+    """Per-group (count of valid rewards, std with ``ddof``, whether they differ).  Whole
+    batch at once: ``bincount`` sums each group in reward order, as the kernel does, so the
+    two engines agree bitwise."""
+    if omit_nan:
+        valid = ~np.isnan(x)
+        offsets = np.concatenate(([0], np.cumsum(valid)))[offsets]
+        x = x[valid]
+    sizes = np.diff(offsets)
+    codes = np.repeat(np.arange(sizes.size), sizes)
+    x = x.astype(np.float64)
+    starts = offsets[:-1][sizes > 0]
+    shift = np.zeros(sizes.size)
+    shift[sizes > 0] = x[starts]
+    # Deviations from a member of the group: a constant group has exactly 0 spread.
+    d = x - shift[codes]
+    gap = np.zeros(sizes.size, dtype=np.bool_)
+    top = np.zeros(sizes.size)
+    if starts.size:
+        gap[sizes > 0] = np.maximum.reduceat(x, starts) != np.minimum.reduceat(x, starts)
+        top[sizes > 0] = np.maximum.reduceat(np.abs(d), starts)
+    # A tiny (or huge) spread in units of the group's largest deviation: its squares
+    # neither underflow nor overflow.
+    unit = np.where(((top > TINY) & (top < HUGE)) | (top == 0.0), 1.0, top)
+    z = d / unit[codes]
+    t1 = np.bincount(codes, z, sizes.size)
+    t2 = np.bincount(codes, z * z, sizes.size)
+    mean = t1 / np.maximum(sizes, 1)
+    # One pass (t2 - t1 * mean), unless it cancels (loses more than 3 bits) or the
+    # deviations were rescaled: then the sum of squares around the mean.
+    ss = t2 - t1 * mean
+    again = (unit != 1.0) | ~(t2 <= 8.0 * ss)
+    if again.any():
+        ss = np.where(again, np.bincount(codes, (z - mean[codes]) ** 2, sizes.size), ss)
+    std = np.where(gap, unit * np.sqrt(ss / np.maximum(sizes - ddof, 1)), 0.0)
+    return sizes.astype(np.int64), std, gap
