@@ -164,19 +164,6 @@ def _advantage_case(groups: int, none_fraction: float) -> Case | None:
     return Case("", candidates, baseline=base, notes=_Notes(notes))
 
 
-def _tokenizer() -> Any:
-    import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
-    vocab.update({w: i + 4 for i, w in enumerate("a b c d e f g h i j k l".split())})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
-                                                eos_token="<eos>", bos_token="<bos>",
-                                                unk_token="<unk>")
-
-
 def _setgrpo_case(quick: bool) -> Case:
     import datasets
     import torch
@@ -186,17 +173,14 @@ def _setgrpo_case(quick: bool) -> Case:
 
     import advcal
     from advcal.integrations.trl import AdvcalGRPOTrainer
+    from tests.tiny_llm import WORDS, llama_config, word_tokenizer
 
     g, prompts, length = SETGRPO_SIZES[quick]
-    tok = _tokenizer()
-    config = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-        pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    tok = word_tokenizer()
+    config = llama_config(tok)
     torch.manual_seed(0)
     weights = transformers.LlamaForCausalLM(config).state_dict()
-    words = "a b c d e f g h i j k l".split()
-    texts = [" ".join(words[i:i + 3]) for i in range(prompts)]
+    texts = [" ".join(WORDS[i:i + 3]) for i in range(prompts)]
     rng = np.random.default_rng(0)
     clean = rng.uniform(0, 1, (300, g))
     calibration = advcal.calibrate_sets(clean + rng.normal(0, 0.02, clean.shape),

@@ -38,29 +38,14 @@ transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
 
 from advcal.integrations.trl import AdvcalGRPOMixin  # noqa: E402
+from tests.tiny_llm import llama_config, word_tokenizer  # noqa: E402
 
 G = 4
 
 
-def _tokenizer():  # a word-level tokenizer built here: there is no model hub
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
-    vocab.update({w: i + 4 for i, w in enumerate("a b c d e f g h i j k l".split())})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
-                                                eos_token="<eos>", bos_token="<bos>",
-                                                unk_token="<unk>")
-
-
 def _model(tok):
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-        pad_token_id=0, eos_token_id=1, bos_token_id=2)
-    return transformers.LlamaForCausalLM(config)
+    return transformers.LlamaForCausalLM(llama_config(tok))
 
 
 def _length_reward(completions, **kwargs):
@@ -104,7 +89,7 @@ class _Recording(AdvcalGRPOMixin, trl.GRPOTrainer):
 
 
 def _train(reward_funcs=_length_reward, steps=2, **advcal_kwargs):
-    tok = _tokenizer()
+    tok = word_tokenizer()
     dataset = datasets.Dataset.from_dict({"prompt": ["a b c", "d e f", "g h", "i j k l"] * 4})
     config = trl.GRPOConfig(
         output_dir=None, per_device_train_batch_size=8, num_generations=G,
@@ -245,7 +230,7 @@ def test_setgrpo_mode_uses_a_real_gram_and_a_loaded_calibration(tmp_path) -> Non
             self.checked = getattr(self, "checked", 0) + 1
             return loss
 
-    tok = _tokenizer()
+    tok = word_tokenizer()
     dataset = datasets.Dataset.from_dict({"prompt": ["a b c", "d e f", "g h", "i j k l"] * 4})
     config = trl.GRPOConfig(
         output_dir=None, per_device_train_batch_size=8, num_generations=G,
@@ -266,7 +251,7 @@ def test_setgrpo_mode_uses_a_real_gram_and_a_loaded_calibration(tmp_path) -> Non
 
 
 def test_setgrpo_needs_whole_groups_in_the_loss() -> None:
-    tok = _tokenizer()
+    tok = word_tokenizer()
     dataset = datasets.Dataset.from_dict({"prompt": ["a b c", "d e f"] * 4})
     config = trl.GRPOConfig(
         output_dir=None, per_device_train_batch_size=4, num_generations=G,
@@ -356,7 +341,7 @@ def test_setgrpo_coefficients_of_whole_and_shuffled_batches(shuffled, unscorable
     ({"advantage": "range", "advantage_options": {"eps": 0.1}}, "RangeCalibration"),
 ])
 def test_bad_settings_name_the_argument(kwargs, match) -> None:
-    tok = _tokenizer()
+    tok = word_tokenizer()
     dataset = datasets.Dataset.from_dict({"prompt": ["a b c"] * 4})
     config = trl.GRPOConfig(output_dir=None, per_device_train_batch_size=4, num_generations=G,
                             max_steps=1, report_to=[], use_cpu=True, save_strategy="no")
