@@ -352,10 +352,12 @@ def _batch_std(call: _Call, ddof: int) -> float:
     if total <= ddof:
         return 0.0
     used = count > 0
-    grand = float(np.sum(count[used] * mean[used]) / total)
-    # Exact decomposition of the total sum of squares into within + between groups.
-    m2 = float(np.sum(ss[used]) + np.sum(count[used] * (mean[used] - grand) ** 2))
-    return float(np.sqrt(m2 / (total - ddof)))
+    # Exact decomposition of the total sum of squares into within + between groups.  An
+    # overflow gives inf, which the caller reports as rewards too large.
+    with np.errstate(over="ignore", invalid="ignore"):
+        grand = float(np.sum(count[used] * mean[used]) / total)
+        m2 = float(np.sum(ss[used]) + np.sum(count[used] * (mean[used] - grand) ** 2))
+        return float(np.sqrt(m2 / (total - ddof)))
 
 
 def batch_std(
