@@ -284,6 +284,7 @@ HUBER_MAX_ITER = 200
 HUBER_RTOL = 1e-12
 
 
+@np.errstate(over="ignore", invalid="ignore")  # a non-finite scale is reported by the caller
 def _huber(call: _Call, c: float) -> np.ndarray:
     """Huber's proposal-2 scale per group: s² = Σ ψ_c(u_i/s)² s² / (n κ(c)), u around the
     group mean, started at the ddof-0 std / √κ (exact when no residual is clipped)."""

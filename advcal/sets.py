@@ -604,8 +604,12 @@ def _calibrate_iv(scores_a: Any, scores_b: Any, offsets: Any, group_ids: Any, al
     var = _noise_var_iv(batch, noise, noise_var)
     if var is None:
         keep = expand(informative.astype(np.int64), batch.offsets).astype(bool)
-        diff = values_a[keep] - values_b[keep]
-        var = float(np.mean(diff * diff) / 2.0)
+        with np.errstate(over="ignore"):
+            diff = values_a[keep] - values_b[keep]
+            var = float(np.mean(diff * diff) / 2.0)
+        if not np.isfinite(var):
+            raise ValueError("`scores_a` and `scores_b` are too large: the noise variance of "
+                             "their differences overflows float64 (rescale the scores).")
     return (batch, values_a, values_b, alpha, estimator, eps, ddof, ridge, options, var)
 
 

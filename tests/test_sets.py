@@ -447,3 +447,9 @@ def test_raw_singleton_set_is_its_center() -> None:
     v = np.array([1.0, 0.0, 0.0, 0.0])
     assert sets.support(v)[0] == pytest.approx(sets.centers[0])
     assert sets.shapes[0] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_scores_whose_differences_overflow_are_refused() -> None:
+    a = np.array([[1e308, -1e308], [0.0, 1.0]])
+    with pytest.raises(ValueError, match="too large: the noise variance"):
+        calibrate_sets(a, -a, alpha=0.2)

@@ -65,6 +65,7 @@ def probabilistic_matrix(lo, hi):
 _MATRICES = {0: dominance_matrix, 1: midpoint_matrix, 2: probabilistic_matrix}
 
 
+@np.errstate(over="ignore", invalid="ignore")  # an overflow gives inf: the wrapper raises
 def range_advantages(lo, hi, offsets, relation):
     """A_i = (1/n) Σ_j φ(I_i, I_j) per group; ``relation`` 0/1/2 = dominance/midpoint/prob."""
     out = np.zeros(lo.size)
