@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 
 import benchmarks
-from benchmarks import round_times
+from benchmarks import Rounds, round_times
 
 
 def _format_time(seconds: float) -> str:
@@ -20,6 +20,20 @@ def _format_time(seconds: float) -> str:
 def _format_ratio(ratio: float) -> str:
     # small ratios (a kernel against the numpy reference engine) keep two significant digits
     return f"{ratio:7.2f}" if ratio >= 0.1 else f"{ratio:7.4f}"
+
+
+def table(rounds: Rounds, labels: list[str], baseline: str) -> list[str]:
+    """One row per candidate: best time, ratio to the baseline's best, paired median."""
+    base = rounds.best(baseline)
+    lines = []
+    for label in labels:
+        best = rounds.best(label)
+        row = f"{label:<38}{_format_time(best)}   {_format_ratio(best / base)}x {baseline}"
+        paired = rounds.paired_ratio(label, baseline)
+        if paired is not None and label != baseline:
+            row += f"   (paired rounds: median {_format_ratio(paired).strip()}x)"
+        lines.append(row)
+    return lines
 
 
 def main() -> None:
@@ -40,18 +54,9 @@ def main() -> None:
                     print(f"  {line}")
                 continue
             rounds = round_times(case.candidates)
-            base = rounds.best(case.baseline)
             print(f"\n{case.name}" + (f"   [target: {case.target}]" if case.target else ""))
-            for label in case.candidates:
-                best = rounds.best(label)
-                row = (f"  {label:<38}{_format_time(best)}   {_format_ratio(best / base)}x "
-                       f"{case.baseline}")
-                paired = rounds.paired_ratio(label, case.baseline)
-                if paired is not None and label != case.baseline:
-                    row += f"   (paired rounds: median {_format_ratio(paired).strip()}x)"
-                print(row)
-            for note in case.notes:
-                print(f"  {note}")
+            for line in table(rounds, list(case.candidates), case.baseline) + list(case.notes):
+                print(f"  {line}")
 
 
 if __name__ == "__main__":

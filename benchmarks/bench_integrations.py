@@ -274,7 +274,7 @@ def _lazy(case: Case, build: Callable[[], Case | None]) -> Case:
     def report() -> list[str]:
         import torch
 
-        from benchmarks.__main__ import _format_ratio, _format_time
+        from benchmarks.__main__ import table
 
         torch.set_num_threads(1)  # on a shared 2-core machine torch's pool measures contention
         built = build()
@@ -282,16 +282,7 @@ def _lazy(case: Case, build: Callable[[], Case | None]) -> Case:
             return ["TRL's advantage lines were not found in the installed TRL: not timed"]
         timing = built.notes.timing if isinstance(built.notes, _Notes) else {}
         rounds = round_times(built.candidates, **timing)
-        base = rounds.best(built.baseline)
-        lines = []
-        for label in built.candidates:
-            best = rounds.best(label)
-            row = (f"{label:<38}{_format_time(best)}   {_format_ratio(best / base)}x "
-                   f"{built.baseline}")
-            paired = rounds.paired_ratio(label, built.baseline)
-            if paired is not None and label != built.baseline:
-                row += f"   (paired rounds: median {_format_ratio(paired).strip()}x)"
-            lines.append(row)
+        lines = table(rounds, list(built.candidates), built.baseline)
         notes = built.notes
         return lines + (notes.make(rounds) if isinstance(notes, _Notes) else list(notes))
 
