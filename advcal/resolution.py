@@ -247,8 +247,7 @@ def _maxnorm_run(
     dead = 0.0 if dead_zone is None else check_real(dead_zone, "dead_zone", low=0.0)
     if bounds is None and resolution is not None:
         bounds = (0.0, 1.0)
-    protocol = (_UNBOUNDED if resolution is None and bounds is None and clip is False
-                else _protocol_iv(resolution, bounds, clip))
+    protocol = _protocol_iv(resolution, bounds, clip)
     batch, raw, omit = as_policy_batch(rewards, offsets, group_ids, singleton=singleton,
                                        nan_policy=nan_policy, backend=backend)
     out, scale, keep, ok, in_bounds = engine("maxnorm", backend).maxnorm(
@@ -256,8 +255,7 @@ def _maxnorm_run(
         protocol.hi, protocol.clip, protocol.delta, protocol.inv_delta, protocol.kmax, omit,
         per_group,
     )
-    if not (ok and in_bounds):
-        _check_finite_and_bounds(batch, protocol, omit, ok, in_bounds)
+    _check_finite_and_bounds(batch, protocol, omit, ok, in_bounds)
     return batch, out, scale, keep
 
 
