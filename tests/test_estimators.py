@@ -153,6 +153,26 @@ def test_std_is_accurate_when_the_first_reward_is_an_outlier(backend, first):
     assert abs(std - exact_std) <= 2e-14 * exact_std
 
 
+@pytest.mark.parametrize("nan_policy", ["raise", "omit"])
+def test_a_spread_of_a_few_ulps_is_as_exact_as_the_rewards(backend, nan_policy):
+    # Rewards 100 + k·ulp(100).  The reference centres exactly; the numba engine's
+    # fast-math may compute r - (shift + mean), so each centred reward may be off by half
+    # an ulp of the rewards: no more than the rewards' own rounding.
+    ulp = np.spacing(100.0)
+    k = np.array([0.0, 7.0, 0.0, 14.0, np.nan])
+    rewards = (100.0 + k * ulp)[None, :] if nan_policy == "omit" else (100.0 + k[:4] * ulp)[None]
+    dev = np.array([-5.25, 1.75, -5.25, 8.75])  # k - mean(k), in ulps
+    std = math.sqrt(np.sum(dev ** 2) / 3)
+    got = [dr_grpo(rewards, nan_policy=nan_policy, backend=backend)[0, :4] / ulp,
+           grpo(rewards, eps=0.0, nan_policy=nan_policy, backend=backend)[0, :4] * std,
+           advcal.maxnorm(rewards, tau_res=1e-300, nan_policy=nan_policy,
+                          backend=backend)[0, :4] * 8.75]
+    for centred in got:  # each in ulps of the rewards
+        if backend == "numpy":
+            np.testing.assert_allclose(centred, dev, rtol=1e-13)
+        else:
+            np.testing.assert_allclose(centred, dev, rtol=0, atol=1.0)
+
 def test_float32_point_one_is_exactly_zero_like_the_issue_says(backend):
     rewards = np.full((3, 7), 0.1, dtype=np.float32)
     out = grpo(rewards, backend=backend)

@@ -1,6 +1,5 @@
 """The TRL integration's logged scale metrics against advcal.scale_diagnostics (the
-oracle) and by hand, and the registry's per-group spread they come from.  Needs neither
-torch nor TRL."""
+oracle) and by hand.  Needs neither torch nor TRL."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import pytest
 import advcal
 from advcal.diagnostics import _percentiles
 from advcal.integrations.trl import TRL_EPS, AdvcalGRPOMixin, _grouped, _metrics, _settings_iv
-from advcal.registry import _group_spread
 
 KEYS = ("inverse_scale_p50", "inverse_scale_p95", "inverse_scale_p99", "inverse_scale_max",
         "zero_gap_fraction")
@@ -119,38 +117,6 @@ def test_none_rewards_leave_their_group_in_every_mode(mode: str, options: dict[s
             expected[valid] = advcal.advantages(row[valid], [0, valid.sum()], method=mode,
                                                 **options)
         np.testing.assert_allclose(advantages, expected, rtol=1e-12, atol=1e-15)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("omit", [False, True])
-def test_spread_kernel_equals_its_numpy_twin(dtype: Any, omit: bool) -> None:
-    rng = np.random.default_rng(int(omit))
-    sizes = rng.integers(0, 9, 300)
-    values = np.round(rng.uniform(-1, 1, sizes.sum()) * rng.choice([1, 3, 100], sizes.sum()))
-    # magnitudes whose squares underflow or overflow (subnormals included)
-    tiny, huge, sub = (1e-30, 1e30, 1e-44) if dtype == np.float32 else (1e-300, 1e300, 1e-320)
-    values = (values * rng.choice([1.0, tiny, huge, sub], sizes.sum())).astype(dtype)
-    if omit:
-        values[rng.uniform(size=values.size) < 0.3] = np.nan
-    offsets = advcal.offsets_from_sizes(sizes)
-    for ddof in (0, 1):
-        fast = _group_spread(values, offsets, ddof, omit, "numba")
-        slow = _group_spread(values, offsets, ddof, omit, "numpy")
-        np.testing.assert_array_equal(fast.n_valid, slow.n_valid)
-        np.testing.assert_array_equal(fast.gap, slow.gap)
-        np.testing.assert_array_equal(fast.std, slow.std)
-
-
-def test_spread_by_hand() -> None:
-    values = np.array([0.0, 1e-300, 2.0, 2.0, np.nan, 3.0, 1.0, np.nan, 5.0, 1e300, -1e300])
-    offsets = np.array([0, 2, 5, 6, 9, 11])
-    for backend in ("numba", "numpy"):
-        got = _group_spread(values, offsets, 1, True, backend)
-        np.testing.assert_array_equal(got.n_valid, [2, 2, 1, 2, 2])
-        np.testing.assert_array_equal(got.gap, [True, False, False, True, True])
-        # a tiny and a huge spread neither underflow nor overflow
-        np.testing.assert_allclose(got.std, [1e-300 / np.sqrt(2), 0.0, 0.0, 2 * np.sqrt(2),
-                                             np.sqrt(2) * 1e300], rtol=1e-15)
 
 
 def test_percentiles_are_numpys() -> None:

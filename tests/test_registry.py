@@ -17,6 +17,7 @@ from advcal.registry import (
     FINITE_DIFFERENCE,
     REGISTRY,
     Estimator,
+    _group_spread,
 )
 from advcal.sets import _ANALYTIC_JACOBIANS, _finite_difference_jacobian, _jacobian_flat
 
@@ -118,3 +119,41 @@ def test_engine_map_loads_every_family_and_backend():
             assert module.__name__ == f"advcal._kernels.{family}_{backend}"
     with pytest.raises(KeyError):
         engine("nope", "numba")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("omit", [False, True])
+def test_spread_kernel_matches_the_oracle(dtype: type, omit: bool) -> None:
+    rng = np.random.default_rng(int(omit))
+    sizes = rng.integers(0, 9, 300)
+    values = np.round(rng.uniform(-1, 1, sizes.sum()) * rng.choice([1, 3, 100], sizes.sum()))
+    # magnitudes whose squares underflow or overflow (subnormals included)
+    tiny, huge, sub = (1e-30, 1e30, 1e-44) if dtype == np.float32 else (1e-300, 1e300, 1e-320)
+    values = (values * rng.choice([1.0, tiny, huge, sub], sizes.sum())).astype(dtype)
+    if omit:
+        values[rng.uniform(size=values.size) < 0.3] = np.nan
+    offsets = advcal.offsets_from_sizes(sizes)
+    for ddof in (0, 1):
+        fast = _group_spread(values, offsets, ddof, omit, "numba")
+        slow = _group_spread(values, offsets, ddof, omit, "numpy")
+        np.testing.assert_array_equal(fast.n_valid, slow.n_valid)
+        np.testing.assert_array_equal(fast.gap, slow.gap)
+        np.testing.assert_allclose(fast.std, slow.std, rtol=1e-13, atol=0)
+
+
+def test_spread_by_hand(backend: str) -> None:
+    values = np.array([0.0, 1e-300, 2.0, 2.0, np.nan, 3.0, 1.0, np.nan, 5.0, 1e300, -1e300,
+                       1e308, -1e308, 100.0, 100.0 + 7 * np.spacing(100.0)])
+    offsets = np.array([0, 2, 5, 6, 9, 11, 13, 15])
+    got = _group_spread(values, offsets, 1, True, backend)
+    np.testing.assert_array_equal(got.n_valid, [2, 2, 1, 2, 2, 2, 2])
+    np.testing.assert_array_equal(got.gap, [True, False, False, True, True, True, True])
+    # tiny, huge and overflowing spreads neither underflow nor overflow
+    root2 = np.sqrt(2.0)
+    np.testing.assert_allclose(got.std[:6], [1e-300 / root2, 0.0, 0.0, 2 * root2,
+                                             root2 * 1e300, root2 * 1e308], rtol=1e-15)
+    # a spread of 7 ulps: exact in the reference, within half an ulp in the kernel (whose
+    # fast-math centring may round r0 + mean; see docs/estimators.md)
+    ulp = np.spacing(100.0)
+    np.testing.assert_allclose(got.std[6], 7 * ulp / root2, rtol=1e-15 if backend == "numpy"
+                               else 0, atol=0 if backend == "numpy" else ulp / 2)

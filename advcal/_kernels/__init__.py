@@ -2,8 +2,8 @@
 
 ``<family>_numba`` (the default backend) and ``<family>_numpy`` (the reference, the tests'
 oracle) expose the same functions with the same signatures; ``engine(family, backend)``
-returns one.  Engines are imported on first use so that ``import advcal`` stays light
-(numba's import is slow).
+returns one.  Engines are imported on first use, so ``import advcal`` stays light and the
+numpy backend never imports numba.
 """
 
 from __future__ import annotations
@@ -18,33 +18,13 @@ Backend = Literal["numba", "numpy"]
 
 @cache
 def engine(family: Family, backend: Backend | str) -> ModuleType:
-    """The ``family`` kernels for a validated ``backend`` ("numba" or "numpy").
-
-    One import per engine, so numba is imported only when a numba kernel is first used.
-    """
-    key = (family, backend)
-    if key == ("point", "numba"):
-        from advcal._kernels import point_numba
-        return point_numba
-    if key == ("point", "numpy"):
-        from advcal._kernels import point_numpy
-        return point_numpy
-    if key == ("maxnorm", "numba"):
-        from advcal._kernels import maxnorm_numba
-        return maxnorm_numba
-    if key == ("maxnorm", "numpy"):
-        from advcal._kernels import maxnorm_numpy
-        return maxnorm_numpy
-    if key == ("ranges", "numba"):
-        from advcal._kernels import ranges_numba
-        return ranges_numba
-    if key == ("ranges", "numpy"):
-        from advcal._kernels import ranges_numpy
-        return ranges_numpy
-    if key == ("recovery", "numba"):
-        from advcal._kernels import recovery_numba
-        return recovery_numba
-    if key == ("recovery", "numpy"):
-        from advcal._kernels import recovery_numpy
-        return recovery_numpy
-    raise KeyError(key)
+    """The ``family`` kernels for a validated ``backend`` ("numba" or "numpy")."""
+    if backend == "numba":
+        from advcal._kernels import maxnorm_numba, point_numba, ranges_numba, recovery_numba
+        return {"point": point_numba, "maxnorm": maxnorm_numba, "ranges": ranges_numba,
+                "recovery": recovery_numba}[family]
+    if backend == "numpy":
+        from advcal._kernels import maxnorm_numpy, point_numpy, ranges_numpy, recovery_numpy
+        return {"point": point_numpy, "maxnorm": maxnorm_numpy, "ranges": ranges_numpy,
+                "recovery": recovery_numpy}[family]
+    raise KeyError(backend)

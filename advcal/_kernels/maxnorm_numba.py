@@ -1,18 +1,11 @@
 """Numba engine for the Reward-Resolution Protocol and MaxNorm-AC; oracle: ``maxnorm_numpy``.
 
-Two compiled kernels, serial loops over groups that write only their own slices, so
-``pool.run_over_groups`` may run them on chunks of groups from several threads with
-results independent of the thread count: ``_plain`` computes MaxNorm weights of the
-rewards as they are (the common call: no binning, clipping or omitted NaN); ``_groups``
-first bins (or clips, or only copies) the chunk's rewards into a float64 output, then
-computes MaxNorm weights of them in place (``maxnorm``) or only the zero-gap mask
-(``resolve``).  The weights go through ``_weights``, ``_stats``, ``_group_scale`` and
-``_weight``; the dead-zone rule is ``_dead``.  Groups are index ranges, not slices: a
-slice costs a reference count per group, and unsigned indices spare the loops the
-negative-index test that keeps them from vectorizing.  Arithmetic is float64 whatever
-the reward dtype.  See ``maxnorm_numpy`` for the shared arguments; both functions also
-return the wrapper's checks ``ok`` (no non-finite valid reward or max |u|) and
-``in_bounds`` (no valid reward outside ``[lo, hi]``).
+Two compiled serial loops over groups (run on chunks of groups by ``pool.run_over_groups``):
+``_plain`` weights the rewards as they are; ``_groups`` first bins, clips or copies the
+chunk into a float64 output, then weights it in place (``maxnorm``) or only takes each
+group's zero-gap mask (``resolve``).  Groups are unsigned index ranges, not slices: a slice
+costs a reference count per group, and a signed index a negative-index test that keeps the
+loops scalar.  Arguments and outputs as in ``maxnorm_numpy``.
 """
 from __future__ import annotations
 
@@ -49,8 +42,8 @@ def _unkey(k):
 
 @njit(inline="always")
 def _bin(v, lo, hi, clip, inv_delta, kmax):
-    """Clip (optionally) and bin (unless ``inv_delta == 0``) one reward.  The bin index
-    stays a float: exact for any finite ``(hi - lo) * inv_delta``."""
+    """Clip (optionally) and bin (unless ``inv_delta == 0``) one reward; the bin index stays
+    a float, exact for any finite ``(hi - lo) * inv_delta``."""
     if clip:
         v = min(max(v, lo), hi)
     if inv_delta == 0.0:
@@ -67,22 +60,17 @@ def _dead(u, dead_zone):
 
 @njit(inline="always")
 def _weight(b, shift, mean, factor, s, dead_zone):
-    """The weight of one binned reward b: ``u / s`` with ``u = ((b - shift) - mean) *
-    factor``.  ``|u| <= s`` bounds the exact quotient by 1; the clamp keeps the bound
-    should the compiler round an extreme u differently from the one that set s."""
+    """``u / s`` for u = ((b - shift) - mean) * factor, clamped to [-1, 1] should the
+    compiler round an extreme u differently from the one that set s."""
     u = _dead(((b - shift) - mean) * factor, dead_zone)
     return min(max(u / s, -1.0), 1.0)
 
 
 @njit(inline="always")
 def _group_scale(n, shift, total, bmin, bmax, tau, loo, dead_zone, raw_singletons):
-    """(shift, mean, factor, s) of one group of n valid rewards, from the sum of its
-    binned rewards minus ``shift`` and its extreme binned rewards: its weights are
-    ``_weight(b, shift, mean, factor, s, dead_zone)``.  u is an increasing function of the
-    binned reward, so its extremes give max |u|.  A group without advantages (none or one
-    response, unless ``raw_singletons``) gets factor 0 (exact zeros) and s = tau; a lone
-    response keeps its reward (verl's convention: baseline 0).  The callers flag a group
-    whose rewards, sum or s are not finite."""
+    """(shift, mean, factor, s) of a group of n valid rewards from their sum minus
+    ``shift`` and their extremes (u increases with b, so they give max |u|).  No advantages
+    (factor 0, s = tau) below two responses, unless a lone one keeps its reward (verl)."""
     if n == 0:
         return 0.0, 0.0, 0.0, tau
     if n == 1 and raw_singletons:
@@ -97,11 +85,9 @@ def _group_scale(n, shift, total, bmin, bmax, tau, loo, dead_zone, raw_singleton
 
 @njit(inline="always")
 def _stats(x, a, b, omit_nan):
-    """(count, shift, sum minus the shift, smallest, largest) of the valid values of
-    ``x[a:b]``.  The shift is the first valid value, so a zero-gap group centers to exact
-    0; an omitted NaN stands in as the shift, which adds 0 and moves no extreme, while a
-    NaN not omitted makes the sum and an extreme NaN.  Reads only, so the sum's order
-    cannot depend on where the output lies."""
+    """(count, shift, sum minus the shift, smallest, largest) of the valid ``x[a:b]``.  The
+    shift is the first valid value (a zero-gap group centers to exact 0); an omitted NaN
+    stands in as the shift, adding 0 and moving no extreme."""
     start = a
     while omit_nan and start < b and math.isnan(x[start]):
         start += np.uint64(1)
@@ -122,9 +108,8 @@ def _stats(x, a, b, omit_nan):
 @njit(inline="always")
 def _weights(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi,
              omit_nan, out):
-    """MaxNorm weights of x into ``out`` (omitted NaN get 0); ``keep`` and ``scale`` per group
-    unless empty (not requested).  Returns (groups with a non-finite reward, sum or
-    max |u|, or a NaN not omitted; groups with a valid reward outside ``[lo, hi]``)."""
+    """MaxNorm weights of x into ``out``, ``keep`` and ``scale`` unless empty.  Returns the
+    counts of groups with a non-finite valid reward or s, and with one outside [lo, hi]."""
     per_group = keep.size > 0
     n_bad = n_out = 0
     for q in range(offsets.size - 1):
@@ -153,10 +138,8 @@ def _plain(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi,
 
 def _groups(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, hi, clip,
             inv_delta, kmax, omit_nan, weights, out):
-    """The rewards binned (omitted NaN stay NaN) into the float64 ``out`` in one pass
-    over the chunk (a long loop vectorizes, short groups not), then their MaxNorm
-    weights in place or, ``weights`` False, ``keep`` only.  Returns as ``_weights``,
-    the checks made on the rewards before binning."""
+    """Bins the chunk into the float64 ``out`` in one long (vectorized) loop, then weights
+    it in place or, ``weights`` False, sets ``keep`` only.  Returns as ``_weights``."""
     neutral = min(max(0.0, lo), hi)  # stands in for a NaN in the extremes: finite, in bounds
     nans = 0.0
     klo = khi = _key(neutral)

@@ -1,23 +1,13 @@
-"""Numpy reference engine for the Reward-Resolution Protocol and MaxNorm-AC.
+"""Numpy reference engine for the Reward-Resolution Protocol and MaxNorm-AC: the oracle of
+``maxnorm_numba``, one plain loop over groups checked by eye against ``docs/maxnorm.md``.
 
-The test oracle of ``maxnorm_numba``: one plain loop over groups with whole-group numpy
-operations, written to be checked by eye against ``docs/maxnorm.md``.
-Same functions, signatures and outputs as the numba engine.
-
-Shared arguments (validated by ``advcal.resolution``):
-
-* ``lo, hi``: the reward bounds (``-inf, inf`` when none); ``clip`` clips into them.
-* ``delta, inv_delta, kmax``: the resolution, its reciprocal and the top bin index;
-  ``delta == 0`` switches binning off.  Bin index ``k = rint((r - lo) * inv_delta)``
-  clamped to ``[0, kmax]``, binned reward ``min(lo + k / inv_delta, hi)`` (dividing by
-  ``inv_delta = 100`` puts bin 70 of resolution 0.01 exactly on the double nearest 0.7;
-  ``lo + 0.01 * 70`` would not).
-* ``omit_nan``: NaN rewards are left out of the group and get 0 (``maxnorm``) or stay
-  NaN (``resolve``).
-
-Besides the rewards or weights, both functions return what the wrappers check: ``ok``
-(false when a group held a non-finite valid reward) and ``in_bounds`` (false when a
-valid reward lies outside ``[lo, hi]``).
+Arguments (validated by ``advcal.resolution``): bounds ``lo, hi`` (infinite when none),
+``clip`` into them; resolution ``delta`` (0: no binning), ``inv_delta = 1 / delta`` and the
+top bin ``kmax``: bin ``k = rint((r - lo) * inv_delta)`` in ``[0, kmax]``, binned reward
+``min(lo + k / inv_delta, hi)`` (dividing by ``inv_delta = 100`` puts bin 70 exactly on the
+double nearest 0.7); ``omit_nan`` leaves NaN rewards out (weight 0, or NaN when resolved).
+Both functions also return ``ok`` (no non-finite valid reward) and ``in_bounds`` (no valid
+reward outside ``[lo, hi]``).
 """
 
 from __future__ import annotations
@@ -28,8 +18,7 @@ from advcal._kernels.oracle_groups import groups
 
 
 def _bin(r, lo, hi, clip, delta, inv_delta, kmax):
-    """Clip (optionally) and bin float64 rewards; the bin index stays a float (exact for any
-    finite ``(hi - lo) * inv_delta``)."""
+    """Clip (optionally) and bin float64 rewards; the bin index stays a float."""
     if clip:
         r = np.clip(r, lo, hi)
     if delta == 0.0:

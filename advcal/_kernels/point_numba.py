@@ -207,55 +207,26 @@ def _statistics(offsets, count, shift, mean, ss, x, omit_nan):
 
 
 def _spread(offsets, count, std, gap, x, ddof, omit_nan):
-    """Per group: valid rewards, std (0 for a constant group), whether they differ.  The
-    sums of ``point_numpy.group_spread`` in the same order (compiled without fast-math,
-    so the two engines agree bitwise), deviations rescaled as there."""
+    """Per group: valid rewards, std with ``ddof`` (0 for a constant group), whether they
+    differ."""
     for q in range(offsets.size - 1):
-        start, stop = offsets[q], offsets[q + 1]
-        first = start  # the first valid reward: the shift
-        while omit_nan and first < stop and math.isnan(x[first]):
-            first += 1
-        count[q] = 0
-        gap[q] = False
-        std[q] = 0.0
-        if first == stop:
-            continue
-        shift = low = high = np.float64(x[first])
-        n = 1
-        t1 = t2 = 0.0
-        for i in range(first + 1, stop):
-            v = np.float64(x[i])
-            if omit_nan and math.isnan(v):
-                continue
-            low = min(low, v)
-            high = max(high, v)
-            d = v - shift
-            t1 += d
-            t2 += d * d
-            n += 1
-        count[q] = n
-        gap[q] = high != low
+        g = x[offsets[q]:offsets[q + 1]]
+        n, shift, mean, ss = _moments(g, omit_nan)
+        low = high = shift
+        for i in range(g.size):
+            if not (omit_nan and math.isnan(g[i])):
+                low = min(low, g[i])
+                high = max(high, g[i])
+        count[q], gap[q], std[q] = n, high != low, 0.0
         if high == low:
             continue
-        top = max(high - shift, shift - low)
-        unit = 1.0 if TINY < top < HUGE else top
-        if unit == 1.0:
-            mean = t1 / n
-            ss = t2 - t1 * mean
-        else:
-            t1 = 0.0
-            for i in range(first, stop):
-                v = np.float64(x[i])
-                if not (omit_nan and math.isnan(v)):
-                    t1 += (v - shift) / unit
-            mean = t1 / n
-        if unit != 1.0 or not t2 <= 8.0 * ss:
-            ss = 0.0
-            for i in range(first, stop):
-                v = np.float64(x[i])
-                if not (omit_nan and math.isnan(v)):
-                    z = (v - shift) / unit - mean
-                    ss += z * z
+        unit = 1.0
+        if not TINY < max(high - shift, shift - low) < HUGE:
+            # Squares of this spread under- or overflow: rewards in units of a power of two
+            # near the largest |reward| (exact, and so is its reciprocal).
+            power = math.frexp(max(abs(low), abs(high)))[1] - 1
+            unit = math.ldexp(1.0, min(max(power, -1022), 1022))
+            n, _, mean, ss = _moments(g / unit, omit_nan)
         std[q] = unit * math.sqrt(ss / max(n - ddof, 1))
 
 
@@ -263,7 +234,7 @@ _center_scale_kernel = compile_serial(_center_scale, FASTMATH)
 _opo_kernel = compile_serial(_opo, FASTMATH)
 _passk_kernel = compile_serial(_passk, FASTMATH)
 _statistics_kernel = compile_serial(_statistics, FASTMATH)
-_spread_kernel = compile_serial(_spread, frozenset())
+_spread_kernel = compile_serial(_spread, FASTMATH)
 
 
 def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from advcal._kernels.modes import FIXED, GRPO, HUGE, RLOO, TINY
+from advcal._kernels.modes import FIXED, GRPO, RLOO
 from advcal._kernels.oracle_groups import groups
 
 # Non-finite rewards propagate to NaN on purpose (the wrapper raises a clear error from
@@ -131,38 +131,19 @@ def group_moments(x, offsets, omit_nan):
 
 @_quiet
 def group_spread(x, offsets, ddof, omit_nan):
-    """Per-group (count of valid rewards, std with ``ddof``, whether they differ).  Whole
-    batch at once: ``bincount`` sums each group in reward order, as the kernel does, so the
-    two engines agree bitwise."""
-    if omit_nan:
-        valid = ~np.isnan(x)
-        offsets = np.concatenate(([0], np.cumsum(valid)))[offsets]
-        x = x[valid]
-    sizes = np.diff(offsets)
-    codes = np.repeat(np.arange(sizes.size), sizes)
-    x = x.astype(np.float64)
-    starts = offsets[:-1][sizes > 0]
-    shift = np.zeros(sizes.size)
-    shift[sizes > 0] = x[starts]
-    # Deviations from a member of the group: a constant group has exactly 0 spread.
-    d = x - shift[codes]
-    gap = np.zeros(sizes.size, dtype=np.bool_)
-    top = np.zeros(sizes.size)
-    if starts.size:
-        gap[sizes > 0] = np.maximum.reduceat(x, starts) != np.minimum.reduceat(x, starts)
-        top[sizes > 0] = np.maximum.reduceat(np.abs(d), starts)
-    # A tiny (or huge) spread in units of the group's largest deviation: its squares
-    # neither underflow nor overflow.
-    unit = np.where(((top > TINY) & (top < HUGE)) | (top == 0.0), 1.0, top)
-    z = d / unit[codes]
-    t1 = np.bincount(codes, z, sizes.size)
-    t2 = np.bincount(codes, z * z, sizes.size)
-    mean = t1 / np.maximum(sizes, 1)
-    # One pass (t2 - t1 * mean), unless it cancels (loses more than 3 bits) or the
-    # deviations were rescaled: then the sum of squares around the mean.
-    ss = t2 - t1 * mean
-    again = (unit != 1.0) | ~(t2 <= 8.0 * ss)
-    if again.any():
-        ss = np.where(again, np.bincount(codes, (z - mean[codes]) ** 2, sizes.size), ss)
-    std = np.where(gap, unit * np.sqrt(ss / np.maximum(sizes - ddof, 1)), 0.0)
-    return sizes.astype(np.int64), std, gap
+    """Per group: valid rewards, std with ``ddof`` (0 for a constant group), whether they
+    differ."""
+    n_groups = offsets.size - 1
+    count = np.zeros(n_groups, dtype=np.int64)
+    std = np.zeros(n_groups)
+    gap = np.zeros(n_groups, dtype=np.bool_)
+    for q, _, _, r in groups(x, offsets, omit_nan):
+        count[q] = r.size
+        if r.size and r.min() != r.max():
+            gap[q] = True
+            # In units of a power of two (exact) within a factor 2 of max |r|: neither the
+            # deviations nor their squares under- or overflow.
+            unit = np.ldexp(1.0, np.frexp(np.max(np.abs(r)))[1] - 1)
+            d = r / unit - r[0] / unit
+            std[q] = unit * np.sqrt(np.sum((d - d.mean()) ** 2) / max(r.size - ddof, 1))
+    return count, std, gap
