@@ -1,9 +1,5 @@
-"""GGSR constants both recovery engines share: per-group status codes and tolerances.
-
-``recovery_numba`` and ``recovery_numpy`` import these, and ``advcal.recovery`` turns a
-status into an error that names ``gram``.  Kept in the engine directory so that the kernel
-cache (keyed on every engine source) recompiles when one of them changes.
-"""
+"""GGSR status codes and tolerances, shared by both recovery engines and ``advcal.recovery``
+(kept here so that the kernel cache, keyed on the engines' sources, sees them change)."""
 
 from __future__ import annotations
 

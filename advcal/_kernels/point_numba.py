@@ -1,10 +1,7 @@
-"""Numba engine for the point estimators; oracle: ``point_numpy``.
-
-Serial loops over groups, run on chunks of groups by ``pool.run_over_groups``.  Statistics
-accumulate in float64 whatever the reward dtype.  Every engine function returns
-``(out, ok)``: ``ok`` is false when some group held a non-finite reward, its statistics
-overflowed float64 (the caller retries on rescaled rewards), or its largest |advantage|
-exceeds ``limit``, the output dtype's maximum.
+"""Numba engine for the point estimators; oracle: ``point_numpy``.  Statistics are float64
+whatever the reward dtype.  The estimators return ``(out, ok)``: ``ok`` is false when a
+group held a non-finite reward, overflowed float64 (the caller retries on rescaled rewards)
+or has an |advantage| above ``limit``, the output dtype's maximum.
 """
 
 from __future__ import annotations
@@ -102,17 +99,13 @@ def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, omit_nan, divisor
         n, shift, mean, ss = _moments(g, omit_nan)
         factor, norm, shift, mean = _scale_factor(n, ss, shift, mean, ddof, mode, eps,
                                                   raw_singletons, divisor, floor)
-        # Each value against the limit, not the norm: values that fit are returned even
-        # where their squares would overflow.  norm is NaN when ss is not finite.
-        ok = norm == norm
+        ok = norm == norm  # NaN when ss is not finite
         if ss == 0.0 and n >= 2:
-            # A constant group has ss exactly 0; any other with ss == 0 has a spread whose
-            # squares underflow (subnormal rewards): flagged, the caller retries rescaled.
+            # Not a constant group: its squares underflow (flagged, retried rescaled).
             for i in range(g.size):
                 ok &= g[i] == shift or math.isnan(g[i])
-        # No |advantage| exceeds the norm: only a norm near the limit (with room for
-        # rounding) needs each value checked.  Checked before the output loop, which
-        # then compiles to a faster copy.
+        # No |advantage| exceeds the norm, so only a norm near the limit needs each value
+        # checked (values that fit are returned even where their squares overflow).
         if ok and not norm < 0.25 * limit * limit:
             for i in range(g.size):
                 a = 0.0 if omit_nan and math.isnan(g[i]) else ((g[i] - shift) - mean) * factor

@@ -1,11 +1,9 @@
 """Threads for the kernels over groups: one compiled serial kernel, run on chunks of groups.
 
-numba's ``prange`` compiles a second copy of a kernel, and LLVM reassociates the sums of
-that copy in another order than those of the serial one (last-bit differences).  Running
-the *same* machine code on contiguous chunks of groups from a few threads makes results
-bitwise identical for any thread count and any batch size by construction.  The
-kernels release the GIL (``nogil``), so calls from several user threads at once are safe
-too, which numba's default workqueue layer does not allow for ``prange`` kernels.
+``prange`` would compile a second copy of a kernel whose sums LLVM orders differently;
+the *same* machine code on contiguous chunks of groups gives bitwise identical results for
+any thread count by construction.  The kernels release the GIL, so concurrent calls from
+user threads are safe too (numba's default workqueue layer forbids that for ``prange``).
 """
 
 from __future__ import annotations
@@ -31,9 +29,8 @@ _pool_pid = -1
 
 
 def compile_serial(loop: Callable[..., Any], fastmath: frozenset[str]) -> Any:
-    """A loop over groups compiled once, cached on disk, releasing the GIL.  With
-    ``error_model="numpy"`` x / 0 gives inf/nan (the wrappers keep those out of the output)
-    instead of raising."""
+    """A loop over groups compiled once, cached, releasing the GIL; x / 0 gives inf or NaN
+    (which the wrappers keep out of the output) instead of raising."""
     return cached_njit(loop, nogil=True, error_model="numpy", fastmath=set(fastmath))
 
 
@@ -70,13 +67,10 @@ def chunk_bounds(offsets: np.ndarray, n_chunks: int) -> np.ndarray:
 
 def run_over_groups(kernel: Any, offsets: np.ndarray, per_group: Sequence[np.ndarray],
                     *args: Any, threaded: bool | None = None) -> list[Any]:
-    """Results of ``kernel(offsets, *per_group, *args)``, one per chunk of whole groups.
-
-    Each chunk gets its own view of ``offsets`` and of each per-group array (an empty one
-    is passed unsliced, as "not requested"); ``args`` (rewards, output) are shared, and a
-    chunk touches only the positions its offsets name.  ``threaded``: None chooses by the
-    number of rewards, True uses every thread numba may use, False none.
-    """
+    """Results of ``kernel(offsets, *per_group, *args)``, one per chunk of whole groups:
+    each chunk gets its views of ``offsets`` and of the per-group arrays (an empty one is
+    "not requested"), and touches only its own positions of the shared ``args``.
+    ``threaded``: None chooses by the number of rewards, True uses every numba thread."""
     if threaded is None:  # by size; small batches skip asking numba
         n_values = offsets.item(-1)
         n_chunks = (min(n_threads(), n_values // MIN_VALUES_PER_THREAD)

@@ -1,14 +1,10 @@
-"""Numba kernels for the interval advantages; oracle: ``ranges_numpy``.
+"""Numba kernels for the interval advantages (validated finite float64 ranges); oracle:
+``ranges_numpy``.
 
-Kernels trust their inputs: float64 ranges with ``lo <= hi``, finite, CSR ``offsets``;
-they are serial loops over groups, run on chunks of groups by ``pool.run_over_groups``.
-
-Dominance in O(n log n) per group: sort h and l, prefix sums of the sorted h and suffix
-sums of the sorted l, then Σ_j (l_i − h_j)₊ = c_i·l_i − (sum of the c_i smallest h) with
-c_i = #{h_j < l_i}, and Σ_j (l_j − h_i)₊ = (sum of the l above h_i) − c'_i·h_i with
-c'_i = #{l_j > h_i}.  The counts come from branch-free binary searches run for all n
-responses in lockstep (independent loads overlap; one search at a time stalls on
-unpredictable branches).
+Dominance in O(n log n) per group: with the sorted h and l, Σ_j (l_i − h_j)₊ = c_i·l_i −
+(sum of the c_i smallest h) for c_i = #{h_j < l_i}, and Σ_j (l_j − h_i)₊ = (sum of the l
+above h_i) − c'_i·h_i for c'_i = #{l_j > h_i}; the counts come from branch-free binary
+searches run for all responses in lockstep, so that their loads overlap.
 """
 
 from __future__ import annotations

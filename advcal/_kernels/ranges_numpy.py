@@ -1,9 +1,6 @@
-"""Numpy reference engine for the interval advantages: the test oracle of ``ranges_numba``.
-
-The plain O(n²) definition of the pairwise relation, one group at a time: build the n×n matrix of
-pairwise relations φ(I_i, I_j) and average its rows.  Written to be checked by eye, not
-to be fast.  Inputs are validated float64 ranges (``lo <= hi``, finite) in CSR layout;
-every function returns float64 advantages.
+"""Numpy reference engine for the interval advantages, the oracle of ``ranges_numba``: per
+group, the n×n matrix of pairwise relations φ(I_i, I_j), its rows averaged (O(n²), checked
+by eye, not fast).  Inputs are validated float64 ranges in CSR layout.
 """
 
 from __future__ import annotations

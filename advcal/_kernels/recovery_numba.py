@@ -1,11 +1,9 @@
 """Numba kernel of GGSR recovery; oracle: ``recovery_numpy``.
 
-Per group: check the Gram block, solve the anchor's trust-region subproblem, then find η*
-for every threshold.  H = R K R is reduced to tridiagonal form once (Householder), so
-each step of the secular equation is O(n), and every quantity of the recovery path is a
-quadratic in η precomputed in O(n²), so each feasibility test of η is O(1).  Inputs are
-validated by ``advcal.recovery``: float64 contiguous arrays; ``root`` and ``gram`` hold
-one row-major n_q × n_q block per group at ``boffsets``.
+Per group: check the Gram block, solve the anchor's trust-region subproblem on H = R K R
+reduced once to tridiagonal form (each secular step O(n)), then find η* for every threshold
+from quadratics in η precomputed in O(n²) (each feasibility test O(1)).  ``root`` and
+``gram`` hold one row-major n_q × n_q block per group at ``boffsets`` (validated upstream).
 """
 
 from __future__ import annotations
@@ -52,25 +50,15 @@ def _check_gram(k, base, n, work):
         for j in range(i + 1, n):
             if abs(k[base + i * n + j] - k[base + j * n + i]) > tol:
                 return NOT_SYMMETRIC, scale
-    # PSD within tolerance: K + tol·I must have a Cholesky factor.  The reciprocals of
-    # the pivots live in the last column of ``work`` (never read as part of L before it is
-    # overwritten: row i only reads columns < i).
-    shift = tol + 1e-300
-    last = work.shape[1] - 1
+    # PSD within tolerance: K + tol·I must have a Cholesky factor.
     for i in range(n):
         for j in range(i + 1):
-            s = k[base + i * n + j]
-            if i == j:
-                s += shift
+            s = k[base + i * n + j] + (tol + 1e-300 if i == j else 0.0)
             for p in range(j):
                 s -= work[i, p] * work[j, p]
-            if i == j:
-                if s <= 0.0:
-                    return NOT_PSD, scale
-                work[i, i] = math.sqrt(s)
-            else:
-                work[i, j] = s * work[j, last]
-        work[i, last] = 1.0 / work[i, i]
+            if i == j and s <= 0.0:
+                return NOT_PSD, scale
+            work[i, j] = math.sqrt(s) if i == j else s / work[j, j]
     return OK, scale
 
 
@@ -94,13 +82,9 @@ def _dot(x, y, n):
 
 @cached_njit(fastmath=_FASTMATH)
 def _tridiagonalize(h, n, vs, diag, off, p):
-    """Householder reduction of the symmetric h (n x n) to tridiagonal form.
-
-    Only the lower triangle of h is read and updated (it is overwritten).  Row k of ``vs``
-    holds the unit Householder vector of step k (entries k+1..n-1; the rest is never read).
-    Each step applies the symmetric rank-2 update A <- A − v qᵀ − q vᵀ, q = 2p − 2(vᵀp)v,
-    p = A v, to the trailing lower triangle; every inner loop runs along a row.
-    """
+    """Householder reduction of the symmetric h (lower triangle, overwritten) to the
+    tridiagonal (diag, off); row k of ``vs`` holds step k's unit vector (entries k+1..).
+    Each step is the rank-2 update A <- A − v qᵀ − q vᵀ, q = 2p − 2(vᵀp)v, p = A v."""
     for k in range(n - 2):
         m0 = k + 1
         norm2 = 0.0
@@ -163,12 +147,8 @@ def _apply_reflectors(vs, n, x, transpose):
 
 @cached_njit(fastmath=_FASTMATH)
 def _tri_solve(diag, off, n, mu, rhs, y, w, lo, ld):
-    """Solve (T + μI) y = rhs by a tridiagonal LDLᵀ; ‖L_c⁻¹ y‖² of the Cholesky factor
-    L_c = L D^{1/2} is returned through ``w`` (w_i² summed).  False if not PD.
-
-    ``lo`` holds the subdiagonal of L, ``ld`` the reciprocals of D: the recurrences are
-    latency-bound, so one division per row and no square roots.
-    """
+    """Solve (T + μI) y = rhs by a tridiagonal LDLᵀ (``lo``: L's subdiagonal, ``ld``: 1/D),
+    with w = L_c⁻¹ y for the Cholesky factor L_c = L D^{1/2}.  False if not PD."""
     for i in range(n):
         d = diag[i] + mu
         if i > 0:
@@ -197,13 +177,9 @@ def _tri_solve(diag, off, n, mu, rhs, y, w, lo, ld):
 
 @cached_njit(fastmath=_FASTMATH)
 def _secular(diag, off, n, rhs, rho, y, w, lo, ld, trace):
-    """y = −(T + μI)⁻¹ g̃ with ‖y‖ = ρ (μ > 0); True instead if the solution lies inside.
-
-    ``rhs`` holds −g̃.  Newton on 1/‖y(μ)‖ − 1/ρ (concave, so iterates from the left stay
-    left of the root) with a bisection safeguard on a bracket.  "Inside" means
-    ‖y(μ)‖ ≤ ρ already for a rounding-level μ: the unconstrained minimum is feasible, the
-    anchor's update is zero, and the caller computes the minimum-norm z itself.
-    """
+    """y = −(T + μI)⁻¹ g̃ (``rhs`` = −g̃) with ‖y‖ = ρ, by Newton on 1/‖y(μ)‖ − 1/ρ (concave:
+    iterates from the left stay left of the root) safeguarded by bisection.  True instead
+    when ‖y‖ ≤ ρ at a rounding-level μ: the caller takes the minimum-norm z itself."""
     gnorm = math.sqrt(_dot(rhs, rhs, n))
     if gnorm == 0.0 or rho == 0.0:  # E = {c} when ρ = 0
         for i in range(n):
@@ -306,16 +282,10 @@ def _eta_star(coef, rho, tau, kappa, cnorm2, use_reward, binary):
         return lo
     if lo < 0.0:
         # Golden-section ascent of the concave min(full, reward) until a feasible point.
-        a = 0.0
-        b = 1.0
-        x1 = b - GOLDEN * (b - a)
-        x2 = a + GOLDEN * (b - a)
-        h1, ok = _margin(x1, coef, rho, tau, kappa, cnorm2, use_reward)
-        if ok:
-            lo = x1
-        h2, ok = _margin(x2, coef, rho, tau, kappa, cnorm2, use_reward)
-        if lo < 0.0 and ok:
-            lo = x2
+        a, b, x1, x2 = 0.0, 1.0, 1.0 - GOLDEN, GOLDEN
+        h1, ok1 = _margin(x1, coef, rho, tau, kappa, cnorm2, use_reward)
+        h2, ok2 = _margin(x2, coef, rho, tau, kappa, cnorm2, use_reward)
+        lo = x1 if ok1 else x2 if ok2 else -1.0
         while lo < 0.0 and b - a > ETA_TOL:
             if h1 < h2:
                 a, x1, h1 = x1, x2, h2
@@ -447,15 +417,10 @@ _recover_kernel = compile_serial(_recover, FASTMATH)
 
 def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference,
                    threaded=None, reward_condition=True, binary=False):
-    """GGSR for every group and threshold.
-
-    Returns ``(status, anchors, eta, accepted, m_full, m_reward, ref0, ref1)``: per-group
-    Gram status; anchors a0 (flat); per (group, threshold) η* (0 when rejected), the
-    acceptance flag and the projections at η*; and aᵀK·reference at η = 0 (ref0) and its
-    slope in η (ref1).  ``threaded``: None threads from PARALLEL_MIN_GROUPS groups.
-    ``reward_condition=False`` drops M_reward(η) > 0 and ``binary=True`` restricts η to
-    {0, 1} (the SetGRPO ablations).
-    """
+    """GGSR for every group and threshold: ``(status, anchors, eta, accepted, m_full,
+    m_reward, ref0, ref1)``, with η* = 0 when rejected and aᵀK·reference = ref0 + η ref1.
+    ``threaded`` None threads from PARALLEL_MIN_GROUPS groups; ``reward_condition=False``
+    and ``binary=True`` are the SetGRPO ablations."""
     n_groups = offsets.size - 1
     status, anchors, eta, accepted, m_full, m_reward, ref0, ref1 = recovery_outputs(
         centers, n_groups, taus.size)

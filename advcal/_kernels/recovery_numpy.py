@@ -1,10 +1,6 @@
-"""Numpy/scipy reference of GGSR recovery (the oracle of ``recovery_numba``).
-
-Deliberately straightforward and independent of the kernel's numerics: the Gram check by
-``eigvalsh``, the anchor by ``eigh`` of H = R K R and ``brentq`` on the secular equation in
-the eigenbasis, η* by evaluating the projections from the vectors a(η) themselves,
-``minimize_scalar`` for a feasible point and ``brentq`` for the boundary.  Same function
-name, signature and outputs as the kernel.
+"""Numpy/scipy reference of GGSR recovery, the oracle of ``recovery_numba``, independent of
+its numerics: the Gram check by ``eigvalsh``, the anchor by ``eigh`` of R K R and ``brentq``
+on the secular equation, η* from the vectors a(η) by ``minimize_scalar`` and ``brentq``.
 """
 
 from __future__ import annotations
