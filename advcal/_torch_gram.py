@@ -80,9 +80,7 @@ class _Layer:
     def __init__(self, name: str, module: Any) -> None:
         self.name = name
         self.module = module
-        self.weight = bool(module.weight.requires_grad)
-        bias = getattr(module, "bias", None)
-        self.bias = bias is not None and bool(bias.requires_grad)
+        self.weight, self.bias = _trainable(module)
 
     @property
     def trainable(self) -> bool:
@@ -183,6 +181,42 @@ def _resolve_layers(model: Any, layers: Any) -> list[_Layer]:
         raise ValueError("`layers` selects no linear layer with trainable parameters in "
                          "`model`.")
     return resolved
+
+
+def _by_rule(layers: Any) -> bool:
+    """Whether ``layers`` chooses by a rule (all, LoRA, a predicate) rather than naming
+    layers one by one: named layers must run, layers chosen by a rule may not (a fused LM
+    head uses its weight without calling the module)."""
+    return (layers is None or isinstance(layers, str)
+            or (callable(layers) and not isinstance(layers, _torch().nn.Module)))
+
+
+def _trainable(module: Any) -> tuple[bool, bool]:
+    bias = getattr(module, "bias", None)
+    return bool(module.weight.requires_grad), bias is not None and bool(bias.requires_grad)
+
+
+class _Selection:
+    """The layers a ``layers`` argument selects in a model, resolved once and reusable for
+    the captures of later batches while the model's modules (by identity) and the
+    ``requires_grad`` of their linear layers' parameters stay as they were: then resolving
+    again would select the same layers."""
+
+    __slots__ = ("model", "layers", "named", "_modules", "_linear", "_flags")
+
+    def __init__(self, model: Any, layers: Any) -> None:
+        self.model = model
+        self.layers = _resolve_layers(model, layers)
+        self.named = not _by_rule(layers)
+        self._modules = tuple(model.modules())
+        types = _linear_types()
+        self._linear = [m for m in self._modules if isinstance(m, types)]
+        self._flags = [_trainable(m) for m in self._linear]
+
+    def current(self) -> bool:
+        """Whether resolving ``layers`` in the model now would select the same layers."""
+        return (tuple(self.model.modules()) == self._modules
+                and [_trainable(m) for m in self._linear] == self._flags)
 
 
 def last_blocks(model: Any, k: int, *, head: bool = True) -> Callable[[str, Any], bool]:
@@ -394,11 +428,12 @@ class GradientCapture:
         if isinstance(batch_dim, bool) or not isinstance(batch_dim, (int, np.integer)):
             raise TypeError(f"`batch_dim` must be an integer; got {batch_dim!r}.")
         self._model = model
-        self._layers = _resolve_layers(model, layers)
-        # Layers named one by one must run; layers chosen by a rule (all, LoRA, a predicate)
-        # may not (a fused LM head uses its weight without calling the module).
-        self._named = not (layers is None or isinstance(layers, str)
-                           or (callable(layers) and not isinstance(layers, torch.nn.Module)))
+        if isinstance(layers, _Selection):  # resolved by the caller for an earlier batch
+            if layers.model is not model:
+                raise ValueError("`layers`: this selection was resolved for another model.")
+            self._layers, self._named = layers.layers, layers.named
+        else:
+            self._layers, self._named = _resolve_layers(model, layers), not _by_rule(layers)
         self._sketch_dim = None if sketch_dim is None else int(sketch_dim)
         self._seed = int(seed)
         self._sketch = sketch
@@ -525,15 +560,15 @@ class GradientCapture:
         if not flat:
             raise ValueError("`objectives` was not produced under the capture: no selected "
                              "layer ran with gradients enabled inside the `with` block.")
-        silent = [layer.name for layer, recs in zip(self._layers, records, strict=True)
-                  if not recs]
+        silent = {i for i, recs in enumerate(records) if not recs}
         if silent and self._named:
-            raise ValueError(f"`layers`: {silent} did not run in the forward pass (a fused "
+            names = [self._layers[i].name for i in sorted(silent)]
+            raise ValueError(f"`layers`: {names} did not run in the forward pass (a fused "
                              "LM head, for example, uses its weight without calling the "
                              "module), so K cannot cover their gradients; leave them out.")
         # Chosen by a rule: K covers the layers that ran (their indices keep the sketch's
         # per-layer seeds).
-        self._silent = {i for i, recs in enumerate(records) if not recs}
+        self._silent = silent
         for index, (x, x_version, y, y_version) in flat:
             if x._version != x_version or y._version != y_version:
                 what = "input" if x._version != x_version else "output"
@@ -557,7 +592,11 @@ class GradientCapture:
             raise ValueError("`objectives` was not produced under the capture: it does not "
                              "depend on any recorded layer output.")
         params = self.parameters()
-        acc = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
+        acc = torch.float32
+        for p in params:
+            if p.dtype == torch.float64:
+                acc = torch.float64
+                break
         per_layer: list[list[tuple[Any, Any]]] = [[] for _ in self._layers]
         for (index, (x, _, _, _)), delta in zip(flat, deltas, strict=True):
             if delta is not None:
@@ -615,8 +654,11 @@ class GradientCapture:
 
     def _token_rows(self, tensor: Any, n: int) -> Any:
         """(N, tokens, features) view of a layer input or output (checked by gram)."""
-        if self._batch_dim % tensor.ndim:
+        ndim = tensor.ndim
+        if self._batch_dim % ndim:
             tensor = tensor.movedim(self._batch_dim, 0)
+        elif ndim == 3:  # (N, tokens, features) already
+            return tensor
         return tensor.reshape(n, -1, tensor.shape[-1])
 
     def _check_rows(self, tensor: Any, n: int, name: str, what: str) -> None:
@@ -640,19 +682,19 @@ class GradientCapture:
         else:  # a layer called several times: its gradient sums over every call's tokens
             h = torch.cat([self._token_rows(x, n) for x, _ in pairs], dim=1)
         ds = [self._token_rows(d, n) for pairs in records for _, d in pairs]
-        widths = [int(d.shape[-1]) for d in ds]
         d = ds[0] if len(ds) == 1 else torch.cat(ds, dim=1 if len(records) == 1 else 2)
-        del ds, pairs, records
         if d.dtype != acc:
             d = d.to(acc)
         layers = [self._layers[index] for index in bundle]
         if any(layer.bias for layer in layers):
             sums = d.sum(dim=1)
             if not all(layer.bias for layer in layers):
+                widths = [int(part.shape[-1]) for part in ds]
                 sums = torch.cat([part for part, layer in zip(sums.split(widths, dim=1), layers,
                                                               strict=True) if layer.bias],
                                  dim=1)
             rows.add(sums)
+        del ds, pairs, records
         if not layers[0].weight:
             return
         if h.dtype != acc:
@@ -685,11 +727,17 @@ class _Blocks:
         self.n = self.bounds[-1]
         self.equal = self.sizes[0] if len(set(self.sizes)) == 1 else None
         self.squares = sum(size * size for size in self.sizes)
-        if self.equal is not None:
-            self.dense = torch.zeros(len(self.sizes), self.equal, self.equal, dtype=acc,
-                                     device=device)
-        else:
+        self.acc, self.device = acc, device
+        # Equal groups: the first product's (B, n, n) result, then added to in place.
+        self.dense: Any = None
+        if self.equal is None:
             self.blocks = [torch.zeros(s, s, dtype=acc, device=device) for s in self.sizes]
+
+    def _dense(self) -> Any:
+        if self.dense is None:
+            self.dense = self.torch.zeros(len(self.sizes), self.equal, self.equal,
+                                          dtype=self.acc, device=self.device)
+        return self.dense
 
     def _grouped(self, x: Any) -> Any:
         """The rows of x (responses first) in group order."""
@@ -700,7 +748,10 @@ class _Blocks:
         x = self._grouped(x)
         if self.equal is not None:
             grouped = x.reshape(len(self.sizes), self.equal, -1)
-            self.dense.baddbmm_(grouped, grouped.transpose(1, 2))
+            if self.dense is None:
+                self.dense = self.torch.bmm(grouped, grouped.transpose(1, 2))
+            else:
+                self.dense.baddbmm_(grouped, grouped.transpose(1, 2))
             return
         for a, b, block in zip(self.bounds[:-1], self.bounds[1:], self.blocks, strict=True):
             if b > a:
@@ -722,11 +773,12 @@ class _Blocks:
             # groups in chunks of at most WORKSPACE / _SHARE token pairs (three such arrays
             # live at once); a group larger than that is one chunk, as ragged groups are
             step = max(1, WORKSPACE // _SHARE // max(1, (g * t) ** 2))
+            dense = self._dense()
             for q in range(0, len(self.sizes), step):
                 dq = d[q * g:(q + step) * g].reshape(-1, g * t, d.shape[-1])
                 hq = h[q * g:(q + step) * g].reshape(-1, g * t, h.shape[-1])
                 prod = (dq @ dq.transpose(1, 2)) * (hq @ hq.transpose(1, 2))
-                self.dense[q:q + step] += prod.reshape(-1, g, t, g, t).sum(dim=(2, 4))
+                dense[q:q + step] += prod.reshape(-1, g, t, g, t).sum(dim=(2, 4))
             return
         for a, b, block in zip(self.bounds[:-1], self.bounds[1:], self.blocks, strict=True):
             if b > a:
@@ -738,7 +790,8 @@ class _Blocks:
     def result(self, dense: bool) -> Any:
         # Each product is symmetric only up to rounding; GGSR checks symmetry.
         if self.equal is not None:
-            out = (self.dense + self.dense.transpose(1, 2)) / 2
+            blocks = self._dense()
+            out = (blocks + blocks.transpose(1, 2)) / 2
             return out if dense else out.reshape(-1)
         return self.torch.cat([((b + b.T) / 2).reshape(-1) for b in self.blocks])
 

@@ -28,7 +28,14 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from advcal._blocks import block_offsets, gather_blocks, gather_rows, segment_sum, size_classes
+from advcal._blocks import (
+    block_offsets,
+    consecutive,
+    gather_blocks,
+    gather_rows,
+    segment_sum,
+    size_classes,
+)
 from advcal._kernels import engine
 from advcal._kernels.ggsr import (
     GRAM_RTOL,
@@ -118,6 +125,10 @@ def _gram_blocks(sets: CoefficientSets, gram: Any) -> np.ndarray:
     boffsets = block_offsets(sizes)
     for n, idx in size_classes(sizes):
         if n == 0:
+            continue
+        if consecutive(idx):  # a view: normalised in place
+            start = int(boffsets[idx[0]])
+            _normalize_blocks(flat[start:start + idx.size * n * n].reshape(-1, n * n), n)
             continue
         positions = boffsets[idx][:, None] + np.arange(n * n)
         blocks = flat[positions]
@@ -339,6 +350,12 @@ def recover(
     """
     sets, gram_flat, tau, ablation = _recover_iv(sets, gram, tau, backend, reward_condition,
                                                  recovery, discard, seed)
+    return _recover(sets, gram_flat, tau, backend, ablation)
+
+
+def _recover(sets: CoefficientSets, gram_flat: np.ndarray, tau: float, backend: str = "numba",
+             ablation: _Ablation = _FULL_METHOD) -> Recovery:
+    """:func:`recover` on validated arguments (``gram_flat`` from :func:`_gram_blocks`)."""
     raw = _run_recovery(sets, gram_flat, np.array([tau]), None, backend, ablation)
     coefficients = _coefficients_at(sets, raw, 0)
     restore = sets.batch.restore

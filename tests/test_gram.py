@@ -480,6 +480,50 @@ def test_last_blocks_selection_and_lists() -> None:
     assert relative_error(gram, expected) <= 1e-10
 
 
+@pytest.mark.parametrize("layers", [None, ["model.model.layers.1"], "predicate"])
+def test_a_resolved_selection_gives_the_gram_of_a_fresh_capture(layers: object) -> None:
+    # A trainer resolves its layers once and captures batch after batch with them.
+    model = make_model("llama")
+    if layers == "predicate":
+        layers = last_blocks(model.model, 1)
+    selection = tg._Selection(model, layers)
+    assert selection.current()
+    for seed in (1, 2):  # two batches, one selection
+        batch = make_batch(6, vocab=24, seed=seed)
+        fresh, fresh_capture = captured(model, batch, LAYOUTS["dense"], layers=layers)
+        with GradientCapture(model, selection) as capture:
+            objectives = objectives_of(model, batch)
+        assert capture.layers == fresh_capture.layers
+        np.testing.assert_array_equal(capture.gram(objectives, group_size=3), fresh)
+    with pytest.raises(ValueError, match="another model"):
+        GradientCapture(make_model("llama"), selection)
+
+
+def test_a_selection_notices_changed_modules_and_requires_grad() -> None:
+    model = make_model("mlp")
+    selection = tg._Selection(model, None)
+    assert [layer.name for layer in selection.layers] == ["fc1", "fc2"]
+    model.fc2.bias.requires_grad_(False)  # still selected, without its bias
+    assert not selection.current()
+    selection = tg._Selection(model, None)
+    assert (selection.layers[1].weight, selection.layers[1].bias) == (True, False)
+    model.fc1.requires_grad_(False)  # no longer selected
+    assert not selection.current()
+    assert [layer.name for layer in tg._Selection(model, None).layers] == ["fc2"]
+    model = make_model("mlp")
+    selection = tg._Selection(model, None)
+    model.fc1 = nn.Linear(6, 9)  # a new module in the same place
+    assert not selection.current()
+    model = make_model("mlp")
+    selection = tg._Selection(model, None)
+    model.extra = nn.Linear(2, 2)  # a module more
+    assert not selection.current()
+    model = make_model("mlp")
+    selection = tg._Selection(model, None)
+    model.fc1.weight.requires_grad_(True)  # no change
+    assert selection.current()
+
+
 def test_unsupported_layers_raise_type_error_naming_them() -> None:
     model = make_model("mlp")
     with pytest.raises(TypeError, match="'embed' is a Embedding"):

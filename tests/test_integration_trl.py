@@ -284,21 +284,36 @@ class _FakeCapture:
         return np.concatenate([self.full[np.ix_(m, m)].ravel() for m in members])
 
 
+def _set_calibration(rng: np.random.Generator, **options) -> advcal.SetCalibration:
+    clean = rng.uniform(0, 1, (300, G))
+    return advcal.calibrate_sets(clean + rng.normal(0, 0.1, clean.shape),
+                                 clean + rng.normal(0, 0.1, clean.shape), alpha=0.2, **options)
+
+
+def _setgrpo_state(calibration, parent: type = object, **settings):
+    """The mixin in setgrpo mode over ``parent``, with the trainer attributes it reads."""
+    import collections
+    import types
+
+    from advcal.integrations.trl import _settings_iv
+
+    state = object.__new__(type("State", (AdvcalGRPOMixin, parent), {}))
+    state._advcal = _settings_iv("setgrpo", None, calibration, TAU, settings.get("layers"),
+                                 None, 0)
+    state.loss_type, state.max_completion_length = "grpo", 3
+    state.accelerator = types.SimpleNamespace(num_processes=1, unwrap_model=lambda m: m)
+    state._metrics = {"train": collections.defaultdict(list)}
+    return state
+
+
 @pytest.mark.parametrize("shuffled", [False, True])
 @pytest.mark.parametrize("unscorable", [(), (1, 6, 7)])
 def test_setgrpo_coefficients_of_whole_and_shuffled_batches(shuffled, unscorable) -> None:
     # In order (as generated) or shuffled (as TRL hands batches to the loss), with or
     # without None rewards: the coefficients are advcal.setgrpo's on what is left of each
     # group, and 0 for an unscorable completion.
-    import collections
-    import types
-
-    from advcal.integrations.trl import _settings_iv
-
     rng = np.random.default_rng(4)
-    clean = rng.uniform(0, 1, (300, G))
-    calibration = advcal.calibrate_sets(clean + rng.normal(0, 0.1, clean.shape),
-                                        clean + rng.normal(0, 0.1, clean.shape), alpha=0.2)
+    calibration = _set_calibration(rng)
     n = 3 * G
     perm = rng.permutation(n) if shuffled else np.arange(n)
     groups = np.repeat(np.arange(3), G)[perm]
@@ -307,11 +322,7 @@ def test_setgrpo_coefficients_of_whole_and_shuffled_batches(shuffled, unscorable
     features = rng.normal(size=(n, 5))
     full = features @ features.T
 
-    state = object.__new__(type("State", (AdvcalGRPOMixin,), {}))
-    state._advcal = _settings_iv("setgrpo", None, calibration, TAU, None, None, 0)
-    state.loss_type, state.max_completion_length = "grpo", 3
-    state.accelerator = types.SimpleNamespace(num_processes=1)
-    state._metrics = {"train": collections.defaultdict(list)}
+    state = _setgrpo_state(calibration)
     inputs = {"completion_mask": torch.ones(n, 3), "advcal_group": torch.as_tensor(groups),
               "advcal_rewards": torch.as_tensor(rewards, dtype=torch.float32)}
     logps = torch.zeros(n, 3, requires_grad=True)
@@ -329,6 +340,59 @@ def test_setgrpo_coefficients_of_whole_and_shuffled_batches(shuffled, unscorable
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
     assert (got[list(unscorable)] == 0).all() and np.abs(got).max() > 0
     assert state._metrics["train"]["advcal/accepted_fraction"]
+
+
+def test_setgrpo_refuses_infinite_rewards() -> None:
+    rng = np.random.default_rng(5)
+    state = _setgrpo_state(_set_calibration(rng))
+    rewards = rng.uniform(0, 1, 2 * G)
+    rewards[3] = np.inf
+    inputs = {"completion_mask": torch.ones(2 * G, 3),
+              "advcal_group": torch.arange(2 * G) // G,
+              "advcal_rewards": torch.as_tensor(rewards)}
+    with pytest.raises(ValueError, match="rewards must be finite"):
+        state._setgrpo_coefficients(_FakeCapture(np.eye(2 * G)), inputs,
+                                    torch.zeros(2 * G, 3, requires_grad=True))
+
+
+@pytest.mark.parametrize(("tau", "options", "match"), [
+    (1.0, {}, "`tau` must lie in"),
+    (-0.1, {}, "`tau` must lie in"),
+    ([0.2], {}, "`tau` must be a real number"),
+    (0.2, {"noise": "diagonal", "noise_var": np.full((300, G), 1e-2)}, "noise='isotropic'"),
+])
+def test_setgrpo_settings_are_checked_at_init(tau, options, match) -> None:
+    from advcal.integrations.trl import _settings_iv
+
+    calibration = _set_calibration(np.random.default_rng(6), **options)
+    with pytest.raises((ValueError, TypeError), match=match):
+        _settings_iv("setgrpo", None, calibration, tau, None, None, 0)
+
+
+def test_setgrpo_resolves_its_layers_once_per_model_structure() -> None:
+    # The Gram's layers are resolved at the first loss and reused; freezing a layer or
+    # replacing a module resolves them again.
+    seen = []
+
+    class Parent:
+        def _compute_loss(self, model, inputs):
+            seen.append(self._advcal_capture.layers)
+            return model(inputs["x"]).sum()
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    state = _setgrpo_state(_set_calibration(np.random.default_rng(7)), Parent)
+    inputs = {"x": torch.randn(2, 3)}
+    state._compute_loss(model, inputs)
+    first = state._advcal_selection
+    state._compute_loss(model, inputs)
+    assert state._advcal_selection is first
+    model[0].requires_grad_(False)
+    state._compute_loss(model, inputs)
+    model[2] = torch.nn.Linear(4, 1)
+    state._compute_loss(model, inputs)
+    assert state._advcal_selection is not first
+    assert seen == [["0", "2"], ["0", "2"], ["2"], ["2"]]
+    assert state._advcal_selection.layers[0].module is model[2]
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

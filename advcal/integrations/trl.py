@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 import advcal
-from advcal._validation import check_choice, check_keywords
+from advcal._validation import Batch, check_choice, check_keywords, check_real
 from advcal.diagnostics import _scale_summary
 from advcal.registry import REGISTRY, DiagnosticSettings, Scaled
 
@@ -88,14 +88,21 @@ def _settings_iv(advantage: Any, options: Any, calibration: Any, tau: Any, layer
             raise ValueError("advantage='setgrpo' needs `calibration`: a SetCalibration "
                              "(advcal.calibrate_sets) or the path of one saved with "
                              "advcal.save_calibration.")
+        if calibration.noise == "diagonal" and calibration.shape == "joint":
+            raise ValueError("advantage='setgrpo' needs a calibration with noise='isotropic' "
+                             "(or shape='isotropic'): a diagonal one needs per-response grader "
+                             "variances, which TRL's rewards do not come with.")
         tau = _load(tau)
-        if isinstance(tau, advcal.ThresholdSelection):
-            from advcal.artefacts import validate_threshold_selection
-
-            validate_threshold_selection(tau)  # once here, not at every batch
         if tau is None:
             raise ValueError("advantage='setgrpo' needs `tau`: a threshold in [0, 1) or a "
                              "ThresholdSelection (advcal.select_threshold) or its path.")
+        # Checked once here, not at every batch.
+        if isinstance(tau, advcal.ThresholdSelection):
+            from advcal.artefacts import validate_threshold_selection
+
+            validate_threshold_selection(tau)
+        else:
+            tau = check_real(tau, "tau", low=0.0, high=1.0, high_inclusive=False)
     elif tau is not None:
         raise ValueError(f"`tau` is for advantage='setgrpo'; got advantage={mode!r}.")
     # Checked once here, so that each batch calls the estimator directly ("grpo" may run
@@ -369,6 +376,7 @@ class AdvcalGRPOMixin:
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
         if self._advcal.mode != "setgrpo" or not model.training:
             return super()._compute_loss(model, inputs)  # type: ignore[misc]
+        from advcal._torch_gram import _Selection
         from advcal.torch import GradientCapture
 
         settings = self._advcal
@@ -377,7 +385,13 @@ class AdvcalGRPOMixin:
         if unwrapped is None or unwrapped[0] is not model:
             unwrapped = (model, self.accelerator.unwrap_model(model))  # type: ignore[attr-defined]
             self._advcal_unwrapped = unwrapped
-        capture = GradientCapture(unwrapped[1], settings.layers,
+        # The layers are resolved once, and again only when the model's modules or their
+        # requires_grad change.
+        selection = getattr(self, "_advcal_selection", None)
+        if selection is None or selection.model is not unwrapped[1] or not selection.current():
+            selection = _Selection(unwrapped[1], settings.layers)
+            self._advcal_selection = selection
+        capture = GradientCapture(unwrapped[1], selection,
                                   sketch_dim=settings.sketch_dim, seed=settings.seed)
         with capture:
             self._advcal_capture = capture
@@ -401,6 +415,8 @@ class AdvcalGRPOMixin:
         import torch
 
         from advcal.layouts import GroupIndex
+        from advcal.recovery import _gram_blocks, _recover
+        from advcal.sets import _sets
         from advcal.torch import response_objectives
 
         mask = inputs["completion_mask"]
@@ -415,7 +431,7 @@ class AdvcalGRPOMixin:
             num_processes=self.accelerator.num_processes,  # type: ignore[attr-defined]
         )
         groups = inputs["advcal_group"].cpu().numpy()
-        rewards = inputs["advcal_rewards"].detach().cpu().numpy().astype(np.float64)
+        rewards = np.asarray(inputs["advcal_rewards"].detach().cpu().numpy(), dtype=np.float64)
         # TRL shuffles the batch before the loss: one stable sort groups the rows (by group
         # number, rows in batch order), and the Gram blocks come in that layout.
         order = np.argsort(groups, kind="stable")
@@ -440,21 +456,27 @@ class AdvcalGRPOMixin:
             keep, kept_sizes = np.concatenate(rows), np.asarray(kept)
             offsets = advcal.offsets_from_sizes(kept)
         settings = self._advcal
-        # advcal.setgrpo's two steps, so that the sets (and their centres, for the
-        # metrics) are built once.
-        sets = advcal.coefficient_sets(rewards[keep], offsets, calibration=settings.calibration)
+        values = rewards[keep]
+        if not np.isfinite(values).all():
+            raise ValueError("advantage='setgrpo': the rewards must be finite (None is fine: "
+                             "it leaves the group); got inf.")
+        gram = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+        # advcal.setgrpo's two steps, on arguments checked here and at init, so that the
+        # sets (and their centres, for the metrics) are built once.
+        sets = _sets(Batch(values, offsets), values, settings.calibration,
+                     settings.calibration.noise_var)
         threshold = settings.tau
         if isinstance(threshold, advcal.ThresholdSelection):
             threshold = threshold.tau_sel
         if threshold is None:  # no feasible threshold: setgrpo rejects every group
-            result = advcal.setgrpo(rewards[keep], offsets, gram=np.concatenate(blocks),
-                                    calibration=settings.calibration, tau=None)
+            result = advcal.setgrpo(values, offsets, gram=gram, calibration=settings.calibration,
+                                    tau=None)
         else:
-            result = advcal.recover(sets, np.concatenate(blocks), tau=threshold)
+            result = _recover(sets, _gram_blocks(sets, gram), threshold)
         coefficients = np.zeros(groups.size)
         coefficients[keep] = result.coefficients
         informative = np.diff(offsets) >= 2
-        center = sets.centers
+        center = sets.geometry.centers  # float64 in the grouped order, as ``values``
         member_of = np.repeat(np.arange(len(kept_sizes)), kept_sizes)
         norms = np.sqrt(np.bincount(member_of, center ** 2, minlength=len(kept_sizes)))
         recovered = np.sqrt(np.bincount(member_of, result.coefficients ** 2,
