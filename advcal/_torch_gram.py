@@ -592,11 +592,7 @@ class GradientCapture:
             raise ValueError("`objectives` was not produced under the capture: it does not "
                              "depend on any recorded layer output.")
         params = self.parameters()
-        acc = torch.float32
-        for p in params:
-            if p.dtype == torch.float64:
-                acc = torch.float64
-                break
+        acc = torch.float64 if torch.float64 in {p.dtype for p in params} else torch.float32
         per_layer: list[list[tuple[Any, Any]]] = [[] for _ in self._layers]
         for (index, (x, _, _, _)), delta in zip(flat, deltas, strict=True):
             if delta is not None:
@@ -722,7 +718,7 @@ class _Blocks:
                  device: Any) -> None:
         self.torch = torch
         self.order = None if order is None else torch.as_tensor(order, device=device)
-        self.bounds = [int(b) for b in bounds]
+        self.bounds: list[int] = bounds.tolist()
         self.sizes = [b - a for a, b in zip(self.bounds[:-1], self.bounds[1:], strict=True)]
         self.n = self.bounds[-1]
         self.equal = self.sizes[0] if len(set(self.sizes)) == 1 else None

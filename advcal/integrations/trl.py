@@ -239,13 +239,17 @@ class AdvcalGRPOMixin:
         SetGRPO's threshold (required by ``"setgrpo"``).
     gram_layers, gram_sketch_dim, gram_seed
         :class:`advcal.torch.GradientCapture`'s ``layers``, ``sketch_dim`` and ``seed``
-        for ``"setgrpo"``.
+        for ``"setgrpo"``.  The layers are resolved at the first loss and reused (a
+        predicate is asked then), and resolved again when the model's modules or the
+        ``requires_grad`` of its linear layers change.
 
     Notes
     -----
     ``"setgrpo"`` needs every group whole inside one forward pass of the loss: TRL's
     ``steps_per_generation`` must be 1 and each rank's share of the generation batch a
-    multiple of ``num_generations``.  Gradients never leave their rank.
+    multiple of ``num_generations``.  Gradients never leave their rank.  Its calibration
+    must not be ``noise="diagonal"`` with ``shape="joint"`` (TRL's rewards carry no
+    per-response grader variances), and its rewards must be finite (``None`` is fine).
 
     Metrics logged through TRL (prefix ``advcal/``): ``inverse_scale_p50``/``p95``/``p99``/
     ``max`` and ``zero_gap_fraction`` in every mode, as :func:`advcal.scale_diagnostics`
