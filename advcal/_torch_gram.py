@@ -723,17 +723,11 @@ class _Blocks:
         self.n = self.bounds[-1]
         self.equal = self.sizes[0] if len(set(self.sizes)) == 1 else None
         self.squares = sum(size * size for size in self.sizes)
-        self.acc, self.device = acc, device
-        # Equal groups: the first product's (B, n, n) result, then added to in place.
-        self.dense: Any = None
-        if self.equal is None:
+        if self.equal is not None:
+            self.dense = torch.zeros(len(self.sizes), self.equal, self.equal, dtype=acc,
+                                     device=device)
+        else:
             self.blocks = [torch.zeros(s, s, dtype=acc, device=device) for s in self.sizes]
-
-    def _dense(self) -> Any:
-        if self.dense is None:
-            self.dense = self.torch.zeros(len(self.sizes), self.equal, self.equal,
-                                          dtype=self.acc, device=self.device)
-        return self.dense
 
     def _grouped(self, x: Any) -> Any:
         """The rows of x (responses first) in group order."""
@@ -744,10 +738,7 @@ class _Blocks:
         x = self._grouped(x)
         if self.equal is not None:
             grouped = x.reshape(len(self.sizes), self.equal, -1)
-            if self.dense is None:
-                self.dense = self.torch.bmm(grouped, grouped.transpose(1, 2))
-            else:
-                self.dense.baddbmm_(grouped, grouped.transpose(1, 2))
+            self.dense.baddbmm_(grouped, grouped.transpose(1, 2))
             return
         for a, b, block in zip(self.bounds[:-1], self.bounds[1:], self.blocks, strict=True):
             if b > a:
@@ -769,12 +760,11 @@ class _Blocks:
             # groups in chunks of at most WORKSPACE / _SHARE token pairs (three such arrays
             # live at once); a group larger than that is one chunk, as ragged groups are
             step = max(1, WORKSPACE // _SHARE // max(1, (g * t) ** 2))
-            dense = self._dense()
             for q in range(0, len(self.sizes), step):
                 dq = d[q * g:(q + step) * g].reshape(-1, g * t, d.shape[-1])
                 hq = h[q * g:(q + step) * g].reshape(-1, g * t, h.shape[-1])
                 prod = (dq @ dq.transpose(1, 2)) * (hq @ hq.transpose(1, 2))
-                dense[q:q + step] += prod.reshape(-1, g, t, g, t).sum(dim=(2, 4))
+                self.dense[q:q + step] += prod.reshape(-1, g, t, g, t).sum(dim=(2, 4))
             return
         for a, b, block in zip(self.bounds[:-1], self.bounds[1:], self.blocks, strict=True):
             if b > a:
@@ -786,8 +776,7 @@ class _Blocks:
     def result(self, dense: bool) -> Any:
         # Each product is symmetric only up to rounding; GGSR checks symmetry.
         if self.equal is not None:
-            blocks = self._dense()
-            out = (blocks + blocks.transpose(1, 2)) / 2
+            out = (self.dense + self.dense.transpose(1, 2)) / 2
             return out if dense else out.reshape(-1)
         return self.torch.cat([((b + b.T) / 2).reshape(-1) for b in self.blocks])
 

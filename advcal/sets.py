@@ -114,23 +114,11 @@ class _Radial:
 def _radial(values: np.ndarray, offsets: np.ndarray, estimator: str, eps: float, ddof: int
             ) -> _Radial:
     sizes = np.diff(offsets)
-    width = int(sizes[0]) if sizes.size else 0
-    if width and (sizes == width).all():
-        # Groups of one size (a trainer's batch): the arithmetic of centered() and
-        # segment_sum() on a (B, n) view, in fewer steps.
-        grouped = values.reshape(-1, width)
-        shifted = grouped - grouped[:, :1]
-        u2d = shifted - (shifted.sum(axis=1) / width)[:, None]
-        norm2 = (u2d * u2d).sum(axis=1)
-        norm = np.sqrt(norm2)
-        inv = np.divide(1.0, norm, out=np.zeros_like(norm), where=norm > 0)
-        u_hat = (u2d * inv[:, None]).reshape(-1)
-    else:
-        u = centered(values, offsets)
-        norm2 = segment_sum(u * u, offsets)
-        norm = np.sqrt(norm2)
-        inv = np.divide(1.0, norm, out=np.zeros_like(norm), where=norm > 0)
-        u_hat = u * expand(inv, offsets)
+    u = centered(values, offsets)
+    norm2 = segment_sum(u * u, offsets)
+    norm = np.sqrt(norm2)
+    inv = np.divide(1.0, norm, out=np.zeros_like(norm), where=norm > 0)
+    u_hat = u * expand(inv, offsets)
     if estimator == "grpo":
         dof = sizes - ddof
         sigma = np.sqrt(np.divide(norm2, dof, out=np.zeros_like(norm2), where=dof > 0))
