@@ -40,7 +40,10 @@ import numpy as np
 import advcal
 from advcal._validation import Batch, check_choice, check_keywords, check_real
 from advcal.diagnostics import _scale_summary
+from advcal.layouts import GroupIndex
+from advcal.recovery import _gram_blocks, _recover
 from advcal.registry import REGISTRY, DiagnosticSettings, Scaled
+from advcal.sets import _needs_noise_var, _sets
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +91,7 @@ def _settings_iv(advantage: Any, options: Any, calibration: Any, tau: Any, layer
             raise ValueError("advantage='setgrpo' needs `calibration`: a SetCalibration "
                              "(advcal.calibrate_sets) or the path of one saved with "
                              "advcal.save_calibration.")
-        if calibration.noise == "diagonal" and calibration.shape == "joint":
+        if _needs_noise_var(calibration):
             raise ValueError("advantage='setgrpo' needs a calibration with noise='isotropic' "
                              "(or shape='isotropic'): a diagonal one needs per-response grader "
                              "variances, which TRL's rewards do not come with.")
@@ -418,9 +421,6 @@ class AdvcalGRPOMixin:
                               per_token_logps: torch.Tensor) -> torch.Tensor:
         import torch
 
-        from advcal.layouts import GroupIndex
-        from advcal.recovery import _gram_blocks, _recover
-        from advcal.sets import _sets
         from advcal.torch import response_objectives
 
         mask = inputs["completion_mask"]
