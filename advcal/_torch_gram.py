@@ -650,11 +650,8 @@ class GradientCapture:
 
     def _token_rows(self, tensor: Any, n: int) -> Any:
         """(N, tokens, features) view of a layer input or output (checked by gram)."""
-        ndim = tensor.ndim
-        if self._batch_dim % ndim:
+        if self._batch_dim % tensor.ndim:
             tensor = tensor.movedim(self._batch_dim, 0)
-        elif ndim == 3:  # (N, tokens, features) already
-            return tensor
         return tensor.reshape(n, -1, tensor.shape[-1])
 
     def _check_rows(self, tensor: Any, n: int, name: str, what: str) -> None:

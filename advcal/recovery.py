@@ -33,6 +33,7 @@ from advcal._blocks import (
     consecutive,
     gather_blocks,
     gather_rows,
+    scatter_blocks,
     segment_sum,
     size_classes,
 )
@@ -126,14 +127,10 @@ def _gram_blocks(sets: CoefficientSets, gram: Any) -> np.ndarray:
     for n, idx in size_classes(sizes):
         if n == 0:
             continue
-        if consecutive(idx):  # a view: normalised in place
-            start = int(boffsets[idx[0]])
-            _normalize_blocks(flat[start:start + idx.size * n * n].reshape(-1, n * n), n)
-            continue
-        positions = boffsets[idx][:, None] + np.arange(n * n)
-        blocks = flat[positions]
+        blocks = gather_blocks(flat, boffsets, idx, n).reshape(-1, n * n)
         _normalize_blocks(blocks, n)
-        flat[positions] = blocks
+        if not consecutive(idx):  # a copy, not a view of ``flat``
+            scatter_blocks(flat, boffsets, idx, n, blocks)
     return flat
 
 
