@@ -531,6 +531,13 @@ class GradientCapture:
         ndarray or torch.Tensor
             ``(B, G, G)`` with ``group_size``; flat blocks of length Σ n_q² otherwise.
         """
+        return self._gram(objectives, None, offsets, group_ids, group_size, output)
+
+    def _gram(self, objectives: Any, start: tuple[Any, Any] | None, offsets: Any,
+              group_ids: Any, group_size: int | None, output: str) -> Any:
+        """:meth:`gram`, whose backward to the recorded outputs starts at ``start`` =
+        (tensor, gradient of ΣJ there) when a caller computed that gradient itself (the TRL
+        integration does so at the input of TRL's fused LM head)."""
         torch = _torch()
         if output not in OUTPUTS:
             raise ValueError(f"`output` must be one of {OUTPUTS}; got {output!r}.")
@@ -581,7 +588,8 @@ class GradientCapture:
             self._check_rows(y, n, name, "output")
         self._state = "done"  # from here on the capture is consumed, even if this fails
         try:
-            deltas = torch.autograd.grad(objectives.sum(), [rec[2] for _, rec in flat],
+            root, seed = (objectives.sum(), None) if start is None else start
+            deltas = torch.autograd.grad(root, [rec[2] for _, rec in flat], grad_outputs=seed,
                                          retain_graph=True, allow_unused=True)
         except RuntimeError as exc:
             if "backward through the graph a second time" in str(exc):

@@ -178,7 +178,16 @@ def test_range_mode_uses_conformal_ranges(tmp_path) -> None:
 TAU = 0.3
 
 
-def test_setgrpo_mode_uses_a_real_gram_and_a_loaded_calibration(tmp_path) -> None:
+def test_setgrpo_mode_uses_a_real_gram_and_a_loaded_calibration(tmp_path, monkeypatch) -> None:
+    import advcal.integrations.trl as integration
+
+    starts = []  # the Gram's backward starts below TRL's fused head (and K is checked)
+
+    def head_start(objectives, real=integration.head_start):
+        starts.append(real(objectives))
+        return starts[-1]
+
+    monkeypatch.setattr(integration, "head_start", head_start)
     rng = np.random.default_rng(1)
     clean = rng.uniform(0, 1, (300, G))
     # noisy graders: sets wide enough that the gate binds on some groups
@@ -242,6 +251,7 @@ def test_setgrpo_mode_uses_a_real_gram_and_a_loaded_calibration(tmp_path) -> Non
     trainer.etas, trainer.gram_mattered = [], False
     trainer.train()
     assert trainer.checked == 2
+    assert len(starts) == 2 and all(start is not None for start in starts)
     # some groups pass the gate and some do not, and K decided it
     assert 0 < sum(eta > 0 for eta in trainer.etas) < len(trainer.etas)
     assert trainer.gram_mattered
@@ -282,6 +292,10 @@ class _FakeCapture:
             members = [index.order[a:b] for a, b in zip(index.offsets[:-1], index.offsets[1:],
                                                         strict=True)]
         return np.concatenate([self.full[np.ix_(m, m)].ravel() for m in members])
+
+    def _gram(self, objectives, start, offsets, group_ids, group_size, output):
+        assert start is None and group_size is None and output == "numpy"
+        return self.gram(objectives, offsets, group_ids)
 
 
 def _set_calibration(rng: np.random.Generator, **options) -> advcal.SetCalibration:

@@ -40,6 +40,7 @@ import numpy as np
 import advcal
 from advcal._validation import Batch, check_choice, check_keywords, check_real
 from advcal.diagnostics import _scale_summary
+from advcal.integrations._fused_head import head_start
 from advcal.layouts import GroupIndex
 from advcal.recovery import _gram_blocks, _recover
 from advcal.registry import REGISTRY, DiagnosticSettings, Scaled
@@ -442,7 +443,9 @@ class AdvcalGRPOMixin:
         ordered = groups[order]
         bounds = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1,
                                  [groups.size]))
-        gram = capture.gram(objectives, group_ids=GroupIndex(bounds, order, ordered[bounds[:-1]]))
+        # The backward starts below TRL's fused LM head where that gives the same K.
+        gram = capture._gram(objectives, head_start(objectives), None,
+                             GroupIndex(bounds, order, ordered[bounds[:-1]]), None, "numpy")
         sizes = np.diff(bounds)
         if not np.isnan(rewards).any():
             keep, offsets, kept_sizes, blocks = order, bounds, sizes, [gram]
