@@ -65,6 +65,23 @@ def test_probabilistic_by_hand():
     np.testing.assert_array_equal(out, [[0.0, 0.0]])
 
 
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+@pytest.mark.parametrize("power", [-900, -1040, -1060])
+def test_probabilistic_tiny_and_subnormal_widths_by_hand(backend, power):
+    # The example above scaled by 2**power: widths whose product (or reciprocal) under- or
+    # overflows float64.  φ is homogeneous of degree one, so the result scales exactly.
+    unit = 2.0 ** power
+    out = range_advantages([[0.0, 0.5 * unit]], [[unit, 1.5 * unit]],
+                           relation="probabilistic", backend=backend)
+    np.testing.assert_array_equal(out, [[-0.1875 * unit, 0.1875 * unit]])
+    # A range of width 1e-173 among a point and a range of width 1e-239 (found by
+    # hypothesis): D = ±1 for every pair, so A = (m_i - mean m) with m the midpoints.
+    lo, hi = np.array([0.0, 6.95937953e-255, 0.0]), np.array([0.0, 1.11887999e-173, 1.2e-239])
+    mid = (lo + hi) / 2
+    out = range_advantages(lo, hi, [0, 3], relation="probabilistic", backend=backend)
+    np.testing.assert_allclose(out, (mid - mid.mean()) * [1, 1, 1], rtol=1e-12)
+
+
 def test_dominance_overlap_gives_no_direction():
     out = range_advantages([[0.0, 0.4, 2.0]], [[0.5, 1.0, 3.0]])
     # Pairs 1-2 overlap; pair 1-3: 2.0 - 0.5 = 1.5; pair 2-3: 2.0 - 1.0 = 1.0.

@@ -133,11 +133,11 @@ def _sum_cdf(t, w1, w2):
     if t >= small + big:
         return 1.0
     if t < small:
-        return t * t / (2.0 * small * big)
+        return (t / small) * (t / big) / 2.0
     if t <= big:
         return (t - 0.5 * small) / big
     rest = small + big - t
-    return 1.0 - rest * rest / (2.0 * small * big)
+    return 1.0 - (rest / small) * (rest / big) / 2.0
 
 
 @njit(inline="always")
@@ -181,6 +181,9 @@ _sort_groups_kernel = compile_serial(_sort_groups, FASTMATH)
 _pad_kernel = compile_serial(_pad, FASTMATH)
 _unpad_kernel = compile_serial(_unpad, FASTMATH)
 _relation_kernel = compile_serial(_relation, FASTMATH)
+# The probabilistic relation without "arcp" or "reassoc": the ratios t / w of _sum_cdf must
+# stay ratios (x · (1 / w) overflows for a subnormal width, w1 · w2 underflows).
+_probabilistic_kernel = compile_serial(_relation, FASTMATH - {"arcp", "reassoc"})
 
 
 def _sorted_within_groups(x, offsets, max_size, threaded):
@@ -214,6 +217,7 @@ def range_advantages(lo, hi, offsets, relation, threaded=None):
         max_size = int(np.diff(offsets).max(initial=0))
         sorted_lo = _sorted_within_groups(lo, offsets, max_size, threaded)
         sorted_hi = _sorted_within_groups(hi, offsets, max_size, threaded)
-    run_over_groups(_relation_kernel, offsets, (), lo, hi, sorted_lo, sorted_hi, max_size,
-                    relation, out, threaded=threaded)
+    kernel = _probabilistic_kernel if relation == 2 else _relation_kernel
+    run_over_groups(kernel, offsets, (), lo, hi, sorted_lo, sorted_hi, max_size, relation,
+                    out, threaded=threaded)
     return out

@@ -31,10 +31,11 @@ def sum_cdf(t, w1, w2):
     small = np.minimum(w1, w2)
     big = np.maximum(w1, w2)
     with np.errstate(all="ignore"):  # branches np.where discards
-        rising = t * t / (2.0 * small * big)
+        # (t/small)(t/big): the ratios are at most 1, where small·big could underflow to 0
+        rising = (t / small) * (t / big) / 2.0
         flat = (t - 0.5 * small) / big
         rest = small + big - t
-        falling = 1.0 - rest * rest / (2.0 * small * big)
+        falling = 1.0 - (rest / small) * (rest / big) / 2.0
     out = np.where(t < small, rising, np.where(t <= big, flat, falling))
     out = np.where(t <= 0.0, 0.0, out)
     return np.where(t >= small + big, 1.0, out)
