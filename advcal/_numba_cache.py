@@ -10,6 +10,8 @@ when no cache directory is writable.  Here instead:
   that hash: any change to any engine file recompiles every kernel.  The engine modules
   import nothing else from ``advcal`` (a test checks), so the hash covers all they use.
   A kernel defined in another file (an integration, a script) adds that file's hash;
+- a cached kernel is keyed on its compile options as well as its signature, so one
+  function compiled with two sets of options (fastmath flags, error model) keeps two entries;
 - an index or data file that cannot be read (empty, truncated, corrupt, not numba's) is a
   cache miss: the kernel is compiled and the file overwritten, with a ``KernelCacheWarning``;
   a failed save also only warns.  Files carry a checksum, so corrupt bytes never reach the
@@ -194,17 +196,24 @@ class _CheckedCacheFile(IndexDataCacheFile):
 
 
 class _EngineCache(FunctionCache):
-    """numba's per-function cache, with the engine locator and failures demoted to warnings."""
+    """numba's per-function cache, with the engine locator and failures demoted to warnings;
+    its entries are keyed on the compile options too (numba's key omits them, so the same
+    function compiled twice, say with other fastmath flags, would load the other's code)."""
 
     _impl_class = _EngineCacheImpl
 
-    def __init__(self, py_func: Callable[..., Any]) -> None:
+    def __init__(self, py_func: Callable[..., Any], options: dict[str, Any]) -> None:
         super().__init__(py_func)
+        self._options = repr(sorted((name, sorted(value) if isinstance(value, (set, frozenset))
+                                     else value) for name, value in options.items()))
         self._cache_file = _CheckedCacheFile(
             cache_path=self._cache_path,
             filename_base=self._impl.filename_base,
             source_stamp=self._impl.locator.get_source_stamp(),
         )
+
+    def _index_key(self, sig: Any, codegen: Any) -> Any:
+        return (*super()._index_key(sig, codegen), self._options)
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
         try:
@@ -232,5 +241,5 @@ def cached_njit(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     dispatcher = njit(**options)(fn)
     # (a function typed at a prompt has no source file to stamp its cache with)
     cacheable = cache_dir() is not None and Path(fn.__code__.co_filename).is_file()
-    dispatcher._cache = _EngineCache(fn) if cacheable else NullCache()
+    dispatcher._cache = _EngineCache(fn, options) if cacheable else NullCache()
     return dispatcher

@@ -202,6 +202,38 @@ def test_a_kernel_defined_outside_the_engine_recompiles_when_its_file_changes(
     assert _run(root, env, run) == {"value": 10.0, "hits": 0}
 
 
+TWICE = """
+import json
+from advcal._numba_cache import cached_njit
+
+
+def _inverse(x):
+    return 1.0 / x
+
+
+def outcome(kernel):
+    try:
+        return kernel(0.0)
+    except ZeroDivisionError:
+        return "raised"
+
+
+kernels = [cached_njit(_inverse, error_model=model) for model in ("python", "numpy")]
+print(json.dumps(dict(values=[outcome(k) for k in kernels],
+                      hits=[sum(k.stats.cache_hits.values()) for k in kernels])))
+"""
+
+
+def test_one_function_compiled_with_two_sets_of_options_caches_both(tmp_path: Path) -> None:
+    root, env, _ = _cached_env(tmp_path)
+    script = tmp_path / "twice.py"
+    script.write_text(TWICE)
+    run = f"import runpy; runpy.run_path({str(script)!r})"
+    # error_model="python" raises on 1/0, "numpy" gives inf: each must load its own code
+    assert _run(root, env, run) == {"values": ["raised", float("inf")], "hits": [0, 0]}
+    assert _run(root, env, run) == {"values": ["raised", float("inf")], "hits": [1, 1]}
+
+
 def _checked(blob: bytes) -> bool:
     return hashlib.sha256(blob[32:]).digest() == blob[:32] and len(blob) > 32
 
