@@ -54,7 +54,6 @@ def head_start(objectives: Any) -> tuple[Any, Any] | None:
     """(hidden, ∂ΣJ/∂hidden) at the input of TRL's fused LM head, or None (see the module
     docstring)."""
     import torch
-    from torch.autograd.graph import GradientEdge
 
     node = _head_node(objectives)
     if node is None:
@@ -72,8 +71,13 @@ def head_start(objectives: Any) -> tuple[Any, Any] | None:
             or hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1] \
             or targets.shape != (hidden.shape[0],) or log_z.shape != targets.shape:
         return None
-    (grad,) = torch.autograd.grad(objectives.sum(), [GradientEdge(node, 0)],
-                                  retain_graph=True)
+    try:  # the gradient at the head's output alone (an older torch takes no GradientEdge)
+        from torch.autograd.graph import GradientEdge
+
+        (grad,) = torch.autograd.grad(objectives.sum(), [GradientEdge(node, 0)],
+                                      retain_graph=True)
+    except (ImportError, TypeError):
+        return None
     # As TRL's backward: logits in the compute dtype, their statistics and gradient in
     # float32, that gradient rounded to the compute dtype, its product accumulated in float32.
     acc = torch.float32
