@@ -114,6 +114,11 @@ def test_what_it_cannot_vouch_for_falls_back() -> None:
     # J that does not come from the fused head
     assert head_start(objectives.detach() * model.mlp[0].bias.sum()) is None
     assert head_start(objectives.detach().requires_grad_()) is None
+    # a backbone without gradients (only the head trains): nothing to start below the head
+    model.requires_grad_(False)
+    model.head.weight.requires_grad_(True)
+    logps, _ = model(ids, targets)
+    assert head_start(response_objectives(logps, mask)) is None
 
 
 def test_saved_values_it_cannot_reproduce_fall_back() -> None:

@@ -69,7 +69,8 @@ def head_start(objectives: Any) -> tuple[Any, Any] | None:
     floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
     if compute not in floats or hidden.dtype not in floats or weight.dtype not in floats \
             or hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1] \
-            or targets.shape != (hidden.shape[0],) or log_z.shape != targets.shape:
+            or targets.shape != (hidden.shape[0],) or log_z.shape != targets.shape \
+            or not hidden.requires_grad:
         return None
     try:  # the gradient at the head's output alone (an older torch takes no GradientEdge)
         from torch.autograd.graph import GradientEdge
