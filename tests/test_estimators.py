@@ -173,6 +173,7 @@ def test_a_spread_of_a_few_ulps_is_as_exact_as_the_rewards(backend, nan_policy):
         else:
             np.testing.assert_allclose(centred, dev, rtol=0, atol=1.0)
 
+
 def test_float32_point_one_is_exactly_zero_like_the_issue_says(backend):
     rewards = np.full((3, 7), 0.1, dtype=np.float32)
     out = grpo(rewards, backend=backend)
