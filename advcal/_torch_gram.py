@@ -607,15 +607,18 @@ class GradientCapture:
                 per_layer[index].append((x, delta))
         self._records = None  # the activations are released as the layers are done
         del flat, deltas
-        blocks = _Blocks(torch, order, bounds, acc, params[0].device)
-        rows = _Rows(torch, blocks)
-        for bundle in self._bundles(per_layer):
-            self._accumulate(bundle, [per_layer[index] for index in bundle], n, blocks, rows,
-                             acc)
-            for index in bundle:
-                per_layer[index] = []
-        rows.flush()
-        out = blocks.result(dense)
+        device = params[0].device
+        # A trainer may call this inside its loss's autocast: the products stay in ``acc``.
+        with torch.autocast(device.type, enabled=False):
+            blocks = _Blocks(torch, order, bounds, acc, device)
+            rows = _Rows(torch, blocks)
+            for bundle in self._bundles(per_layer):
+                self._accumulate(bundle, [per_layer[index] for index in bundle], n, blocks,
+                                 rows, acc)
+                for index in bundle:
+                    per_layer[index] = []
+            rows.flush()
+            out = blocks.result(dense)
         if output == "tensor":
             return out
         return out.detach().to(device="cpu", dtype=torch.float64).numpy()

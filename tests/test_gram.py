@@ -309,6 +309,28 @@ def test_bfloat16_model_accumulates_in_float32() -> None:
     assert relative_error(out.double().numpy(), expected) <= 0.05  # bfloat16 activations
 
 
+@pytest.mark.parametrize("route", ["materialise", "pairs"])
+@pytest.mark.parametrize("sketch_dim", [None, 8])
+def test_gram_inside_autocast_accumulates_as_outside(route: str, sketch_dim: int | None,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # A trainer may run its whole loss (and so gram()) under autocast: the products must
+    # not be cast down to its bfloat16.
+    monkeypatch.setattr(tg, "_FORCE_ROUTE", route)
+    model = make_model("mlp", torch.float32)
+    batch = make_batch(6)
+    grams = []
+    for inside in (True, False):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with GradientCapture(model, sketch_dim=sketch_dim) as capture:
+                objectives = objectives_of(model, batch)
+            if inside:
+                grams.append(capture.gram(objectives, group_size=3, output="tensor"))
+        if not inside:
+            grams.append(capture.gram(objectives, group_size=3, output="tensor"))
+    assert grams[0].dtype == grams[1].dtype == torch.float32
+    np.testing.assert_array_equal(grams[0].numpy(), grams[1].numpy())
+
+
 @pytest.mark.parametrize("kind", ["transformer", "llama"])
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo"])
 def test_padding_contributes_nothing(kind: str, loss_type: str) -> None:
