@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -37,10 +39,17 @@ trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
 
+from packaging.version import Version  # noqa: E402
+
 from advcal.integrations.trl import AdvcalGRPOMixin  # noqa: E402
 from tests.tiny_llm import llama_config, word_tokenizer  # noqa: E402
 
 G = 4
+# TRL leaves a completion whose reward functions all returned None out of its group from 1.6
+# on; before, its nansum counted it as reward 0 (advcal leaves it out on every version).
+TRL_LEAVES_UNSCORABLE_OUT = Version(trl.__version__) >= Version("1.6")
+# TRL's fused LM head, below which the Gram's backward starts, came later.
+TRL_FUSED_HEAD = importlib.util.find_spec("trl.kernels") is not None
 
 
 def _model(tok):
@@ -134,7 +143,8 @@ def test_all_none_completion_gets_zero_and_leaves_the_group() -> None:
         none = np.isnan(rewards)
         assert none.any()
         np.testing.assert_array_equal(batch["advcal"][none], 0.0)
-        np.testing.assert_allclose(batch["advcal"], batch["trl"], atol=1e-6)
+        if TRL_LEAVES_UNSCORABLE_OUT:
+            np.testing.assert_allclose(batch["advcal"], batch["trl"], atol=1e-6)
         # the group statistics of the others leave the None completions out
         grouped = rewards.reshape(-1, G)
         expected = advcal.grpo(grouped, eps=TRL_EPS, nan_policy="omit").ravel()
@@ -206,8 +216,8 @@ def test_setgrpo_mode_uses_a_real_gram_and_a_loaded_calibration(tmp_path, monkey
 
             ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
             att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-            logps, _, _ = trl.GRPOTrainer._get_per_token_logps_and_entropies(
-                self, model, ids, att, inputs["completion_ids"].size(1))
+            logps = trl.GRPOTrainer._get_per_token_logps_and_entropies(
+                self, model, ids, att, inputs["completion_ids"].size(1))[0]
             objectives = response_objectives(  # the trainer's loss normalisation
                 logps, inputs["completion_mask"], loss_type=self.loss_type,
                 max_completion_length=self.max_completion_length,
@@ -251,7 +261,8 @@ def test_setgrpo_mode_uses_a_real_gram_and_a_loaded_calibration(tmp_path, monkey
     trainer.etas, trainer.gram_mattered = [], False
     trainer.train()
     assert trainer.checked == 2
-    assert len(starts) == 2 and all(start is not None for start in starts)
+    assert len(starts) == 2
+    assert all((start is not None) == TRL_FUSED_HEAD for start in starts)
     # some groups pass the gate and some do not, and K decided it
     assert 0 < sum(eta > 0 for eta in trainer.etas) < len(trainer.etas)
     assert trainer.gram_mattered
@@ -457,6 +468,8 @@ def _trls_own_advantages(rewards_per_func, weights, aggregation, scaling, group_
 
 @pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
 @pytest.mark.parametrize("scaling", ["group", "batch", "none"])
+@pytest.mark.skipif(not TRL_LEAVES_UNSCORABLE_OUT,
+                    reason="this TRL counts a completion with no reward as reward 0")
 def test_grpo_mode_equals_trls_own_code_with_none_rewards(aggregation, scaling) -> None:
     from advcal.integrations.trl import _settings_iv
 

@@ -16,9 +16,11 @@ def word_tokenizer() -> Any:
     vocab.update({w: i + 4 for i, w in enumerate(WORDS)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    # no token_type_ids: transformers 4 would hand them to a Llama's generate, which refuses them
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
                                                 eos_token="<eos>", bos_token="<bos>",
-                                                unk_token="<unk>")
+                                                unk_token="<unk>",
+                                                model_input_names=["input_ids", "attention_mask"])
 
 
 def llama_config(tok: Any) -> Any:
