@@ -3,7 +3,8 @@
 :class:`AdvcalGRPOMixin` replaces the advantages TRL computes with advcal's, at the same
 place (per rank, from the rewards TRL has gathered over all ranks) and with TRL's own
 conventions wherever advcal has no reason to differ: completions whose reward functions
-all returned ``None`` leave their group and get advantage 0, several reward functions are
+all returned ``None`` leave their group and get advantage 0 (TRL's rule from 1.6 on; advcal
+keeps it with older TRL, which counted them as reward 0), several reward functions are
 combined with TRL's ``reward_weights`` and ``multi_objective_aggregation``, and
 ``advantage="grpo"`` follows TRL's ``scale_rewards`` with TRL's eps of 1e-4.
 
