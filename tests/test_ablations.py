@@ -7,7 +7,7 @@ from functools import cache
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from advcal import (
@@ -50,6 +50,7 @@ def batch(n_groups: int = 400, ragged: bool = False):
 
 @given(seed=st.integers(0, 10_000), rank=st.integers(1, 10), tau=st.floats(0.0, 0.6),
        backend=st.sampled_from(["numba", "numpy"]))
+@example(seed=6520, rank=1, tau=0.0, backend="numpy")  # see the next test
 def test_switch_properties(seed: int, rank: int, tau: float, backend: str) -> None:
     """On random batches and Gram ranks: dropping the reward condition accepts a superset
     with η* at least as large; dropping recovery gives η* ∈ {0, 1} on a subset, 1 exactly
@@ -68,6 +69,21 @@ def test_switch_properties(seed: int, rank: int, tau: float, backend: str) -> No
     assert not (binary.accepted & ~full.accepted).any()
     np.testing.assert_array_equal(binary.eta == 1.0, full.eta == 1.0)
     assert rand.accepted.sum() == full.accepted.sum()
+
+
+def test_an_anchor_in_the_null_space_of_k_has_no_safe_direction_on_both_engines() -> None:
+    # Found by hypothesis: K of rank 1, and group 0's anchor a0 in its null space up to
+    # rounding (a0ᵀKa0 came out 1.4e-16 and -6.5e-17 by two summation orders, against
+    # rounding noise of ~1e-15); the numpy engine divided by zero.
+    pair = paired_scorings(12, 6, scale=0.05, n_scorings=1, seed=6520)
+    sets = coefficient_sets(pair.a, calibration=calibration())
+    gram = gram_matrices(12, 6, rank=1, seed=6521).gram
+    a0 = recover(sets, gram, tau=0.0).anchors[0]
+    k = gram[0]
+    assert abs(a0 @ k @ a0) <= 1e-14 * np.diag(k).max() * (a0 @ a0)
+    for backend in ("numba", "numpy"):
+        out = recover(sets, gram, tau=0.0, backend=backend)
+        assert not out.accepted[0] and out.eta[0] == 0.0 and np.isnan(out.m_full[0])
 
 
 @pytest.mark.parametrize("tau", TAUS)

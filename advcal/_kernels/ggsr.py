@@ -14,7 +14,9 @@ OVERFLOW = 4  # R K R overflows float64 (huge sets)
 
 GRAM_RTOL = 1e-8  # symmetry and PSD tolerance, relative to max diag(K)
 ZERO_UPDATE_RTOL = 1e-12  # ‖U(a0)‖² ≤ this × ‖U(c)‖²: no safe direction
-ZERO_CENTER_RTOL = 1e-14  # cᵀKc ≤ this × max diag(K) × ‖c‖²: GRPO's own update vanishes
+# xᵀKx ≤ this × max diag(K) × ‖x‖², for x = c: GRPO's own update vanishes; for x = a0: no
+# safe direction either (below it, xᵀKx is rounding noise, and may even come out negative).
+ZERO_CENTER_RTOL = 1e-14
 
 
 def recovery_outputs(centers, n_groups, n_taus):

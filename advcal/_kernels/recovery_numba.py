@@ -376,7 +376,9 @@ def _recover(offsets, boffsets, status, eta, accepted, m_full, m_reward, ref0, r
         ref0[q] = _dot(a0, ref, n)
         ref1[q] = _dot(d, ref, n)
         coef[2] = _dot(a0, ka0, n)
-        if not coef[2] > ZERO_UPDATE_RTOL * ckc:
+        coef[13] = _dot(a0, a0, n)
+        if not (coef[2] > ZERO_UPDATE_RTOL * ckc
+                and coef[2] > ZERO_CENTER_RTOL * scale * coef[13]):
             continue  # ‖U(a0)‖ = 0: no safe direction
         coef[0] = _dot(a0, kc, n)
         coef[1] = _dot(d, kc, n)
@@ -394,7 +396,6 @@ def _recover(offsets, boffsets, status, eta, accepted, m_full, m_reward, ref0, r
         coef[10] = _dot(v0, v0, n)
         coef[11] = _dot(v0, vd, n)
         coef[12] = _dot(vd, vd, n)
-        coef[13] = _dot(a0, a0, n)
         coef[14] = _dot(a0, d, n)
         coef[15] = _dot(d, d, n)
         cnorm = math.sqrt(cnorm2)

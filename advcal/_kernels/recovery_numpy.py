@@ -142,7 +142,8 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference,
         anchors[lo:hi] = a0
         ref0[q] = a0 @ kref
         ref1[q] = (c - a0) @ kref
-        if not float(a0 @ k @ a0) > ZERO_UPDATE_RTOL * ckc:
+        aka = float(a0 @ k @ a0)
+        if not (aka > ZERO_UPDATE_RTOL * ckc and aka > ZERO_CENTER_RTOL * scale * float(a0 @ a0)):
             continue
         for t in range(n_taus):
             e = _eta_star(a0, c, r, k, rho, float(taus[t]), reward_condition, binary)
@@ -150,8 +151,9 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference,
             e = e if ok else 0.0
             accepted[q, t] = ok
             eta[q, t] = e
-            full_num, full_den, reward_num, reward_den = _projections(
-                a0 + e * (c - a0), c, r, k, rho)
-            m_full[q, t] = full_num / full_den
-            m_reward[q, t] = reward_num / reward_den
+            projections = np.array(_projections(a0 + e * (c - a0), c, r, k, rho))
+            # x / 0 is inf or NaN, as in the numba engine
+            with np.errstate(divide="ignore", invalid="ignore"):
+                m_full[q, t] = projections[0] / projections[1]
+                m_reward[q, t] = projections[2] / projections[3]
     return status, anchors, eta, accepted, m_full, m_reward, ref0, ref1
