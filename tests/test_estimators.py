@@ -427,6 +427,8 @@ def test_an_avx2_build_equals_the_host_build_bitwise(tmp_path):
     for cpu in ("host", "haswell"):
         env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / cpu), NUMBA_CPU_NAME=cpu)
         env.pop("NUMBA_CPU_FEATURES", None)
+        if cpu == "host":  # the default (older llvmlite takes no "host" and builds generic code)
+            env.pop("NUMBA_CPU_NAME")
         path = tmp_path / f"{cpu}.npz"
         subprocess.run([sys.executable, str(script), str(path)], env=env, check=True,
                        cwd=os.path.dirname(os.path.dirname(advcal.__file__)), timeout=600)

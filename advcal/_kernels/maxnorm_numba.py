@@ -91,7 +91,7 @@ def _stats(x, a, b, omit_nan):
     start = a
     while omit_nan and start < b and math.isnan(x[start]):
         start += np.uint64(1)
-    shift = np.float64(x[start]) if start < b else 0.0
+    shift = np.float64(x[start]) if start < b else np.float64(0.0)
     total = nans = 0.0
     klo = khi = _key(shift)
     for i in range(a, b):
