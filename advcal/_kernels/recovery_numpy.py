@@ -151,9 +151,10 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference,
             e = e if ok else 0.0
             accepted[q, t] = ok
             eta[q, t] = e
-            projections = np.array(_projections(a0 + e * (c - a0), c, r, k, rho))
+            full_num, full_den, reward_num, reward_den = map(np.float64, _projections(
+                a0 + e * (c - a0), c, r, k, rho))
             # x / 0 is inf or NaN, as in the numba engine
             with np.errstate(divide="ignore", invalid="ignore"):
-                m_full[q, t] = projections[0] / projections[1]
-                m_reward[q, t] = projections[2] / projections[3]
+                m_full[q, t] = full_num / full_den
+                m_reward[q, t] = reward_num / reward_den
     return status, anchors, eta, accepted, m_full, m_reward, ref0, ref1
