@@ -441,6 +441,7 @@ class GradientCapture:
         self._handles: list[Any] = []
         self._records: list[list[tuple[Any, int, Any, int]]] | None = None
         self._silent: set[int] = set()
+        self._kept: list[list[tuple[Any, Any]]] | None = None
         self._state = "new"
 
     @property
@@ -534,10 +535,12 @@ class GradientCapture:
         return self._gram(objectives, None, offsets, group_ids, group_size, output)
 
     def _gram(self, objectives: Any, start: tuple[Any, Any] | None, offsets: Any,
-              group_ids: Any, group_size: int | None, output: str) -> Any:
+              group_ids: Any, group_size: int | None, output: str, keep: bool = False
+              ) -> Any:
         """:meth:`gram`, whose backward to the recorded outputs starts at ``start`` =
         (tensor, gradient of ΣJ there) when a caller computed that gradient itself (the TRL
-        integration does so at the input of TRL's fused LM head)."""
+        integration does so at the input of TRL's fused LM head).  ``keep`` keeps each
+        call's (input, δ) for :meth:`_weight_gradients`."""
         torch = _torch()
         if output not in OUTPUTS:
             raise ValueError(f"`output` must be one of {OUTPUTS}; got {output!r}.")
@@ -606,6 +609,7 @@ class GradientCapture:
             if delta is not None:
                 per_layer[index].append((x, delta))
         self._records = None  # the activations are released as the layers are done
+        self._kept = [list(pairs) for pairs in per_layer] if keep else None
         del flat, deltas
         device = params[0].device
         # A trainer may call this inside its loss's autocast: the products stay in ``acc``.
@@ -622,6 +626,45 @@ class GradientCapture:
         if output == "tensor":
             return out
         return out.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+    def _weight_gradients(self, scales: Any) -> list[tuple[Any, Any]]:
+        """(parameter, gradient) of a loss L with ∂L/∂y = scales_i · δ on the tokens of
+        response i at every covered layer's output y (δ = ∂ΣJ/∂y, kept by
+        ``_gram(keep=True)``): Σ over the layer's calls of δᵀ (scales·h), and Σ scales·δ for
+        the bias.  Computed in the parameters' dtype, at least float32; releases what
+        ``keep`` kept."""
+        torch = _torch()
+        kept, self._kept = self._kept, None
+        assert kept is not None
+        n = int(scales.shape[0])
+        grads: dict[int, tuple[Any, Any]] = {}
+        scaled: dict[tuple[Any, ...], Any] = {}  # each input scaled once (q/k/v share one)
+
+        def add(param: Any, grad: Any) -> None:
+            if id(param) in grads:  # a parameter shared by several covered layers
+                grad = grads[id(param)][1] + grad
+            grads[id(param)] = (param, grad)
+
+        with torch.autocast(scales.device.type, enabled=False):
+            for layer, pairs in zip(self._layers, kept, strict=True):
+                dtype = torch.promote_types(layer.module.weight.dtype, torch.float32)
+                factor = scales.to(dtype)[:, None, None]
+                for x, d in pairs:
+                    d = self._token_rows(d, n).to(dtype)
+                    if layer.bias:
+                        add(layer.module.bias, (d * factor).sum(dim=(0, 1)))
+                    if not layer.weight:
+                        continue
+                    key = (x.data_ptr(), x.dtype, tuple(x.shape), x.stride(), dtype)
+                    h = scaled.get(key)
+                    if h is None:
+                        h = self._token_rows(x, n).to(dtype) * factor
+                        h = scaled[key] = h.reshape(-1, h.shape[-1])
+                    d = d.reshape(-1, d.shape[-1])
+                    # nn.Linear keeps its weight (d_out, d_in), transformers' Conv1D (d_in, d_out)
+                    add(layer.module.weight, d.T @ h if isinstance(layer.module, torch.nn.Linear)
+                        else h.T @ d)
+        return [(param, grad.to(param.dtype)) for param, grad in grads.values()]
 
     def _sides(self, index: int, pairs: list[tuple[Any, Any]]) -> tuple[int, int] | None:
         """The sketch's (k_out, k_in) for a layer; None when its weight is kept exactly."""

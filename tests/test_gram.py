@@ -241,7 +241,8 @@ def test_llama_covers_every_linear_layer() -> None:
                               for name in per_block] + ["model.lm_head"]
 
 
-def test_gpt2_conv1d_layers() -> None:
+def tiny_gpt2() -> nn.Module:
+    """A one-block float64 GPT-2, whose layers are transformers' Conv1D."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=11,
@@ -249,7 +250,11 @@ def test_gpt2_conv1d_layers() -> None:
                                      attn_pdrop=0.0, tie_word_embeddings=False,
                                      bos_token_id=0, eos_token_id=0)
     config._attn_implementation = "eager"
-    model = LlamaLogits(transformers.GPT2LMHeadModel(config)).double()
+    return LlamaLogits(transformers.GPT2LMHeadModel(config)).double()
+
+
+def test_gpt2_conv1d_layers() -> None:
+    model = tiny_gpt2()
     capture = GradientCapture(model)
     assert capture.layers == ["model.transformer.h.0.attn.c_attn",
                               "model.transformer.h.0.attn.c_proj",

@@ -42,6 +42,7 @@ import advcal
 from advcal._validation import Batch, check_choice, check_keywords, check_real
 from advcal.diagnostics import _scale_summary
 from advcal.integrations._fused_head import head_start
+from advcal.integrations._single_backward import single_backward
 from advcal.layouts import GroupIndex
 from advcal.recovery import _gram_blocks, _recover
 from advcal.registry import REGISTRY, DiagnosticSettings, Scaled
@@ -67,6 +68,7 @@ class _Settings(NamedTuple):
     layers: Any
     sketch_dim: int | None
     seed: int
+    single_backward: bool
 
 
 def _load(calibration: Any) -> Any:
@@ -76,7 +78,7 @@ def _load(calibration: Any) -> Any:
 
 
 def _settings_iv(advantage: Any, options: Any, calibration: Any, tau: Any, layers: Any,
-                 sketch_dim: Any, seed: Any) -> _Settings:
+                 sketch_dim: Any, seed: Any, single_backward: Any = True) -> _Settings:
     mode = check_choice(advantage, "advantage", MODES)
     if options is None:
         options = {}
@@ -126,7 +128,10 @@ def _settings_iv(advantage: Any, options: Any, calibration: Any, tau: Any, layer
     if sketch_dim is not None and (isinstance(sketch_dim, bool) or not isinstance(sketch_dim, int)
                                    or sketch_dim < 1):
         raise ValueError(f"`gram_sketch_dim` must be a positive int or None; got {sketch_dim!r}.")
-    return _Settings(mode, options, calibration, tau, layers, sketch_dim, int(seed))
+    if not isinstance(single_backward, bool):
+        raise TypeError(f"`gram_single_backward` must be True or False; got {single_backward!r}.")
+    return _Settings(mode, options, calibration, tau, layers, sketch_dim, int(seed),
+                     single_backward)
 
 
 def trl_rewards(rewards_per_func: np.ndarray, weights: np.ndarray, aggregation: str,
@@ -268,12 +273,14 @@ class AdvcalGRPOMixin:
                  advantage_options: Mapping[str, Any] | None = None,
                  calibration: Any = None, tau: Any = None, gram_layers: Any = None,
                  gram_sketch_dim: int | None = None, gram_seed: int = 0,
-                 **kwargs: Any) -> None:
+                 gram_single_backward: bool = True, **kwargs: Any) -> None:
         self._advcal = _settings_iv(advantage, advantage_options, calibration, tau,
-                                    gram_layers, gram_sketch_dim, gram_seed)
+                                    gram_layers, gram_sketch_dim, gram_seed,
+                                    gram_single_backward)
         self._advcal_rewards_per_func: torch.Tensor | None = None
         self._advcal_capture: Any = None
         self._advcal_inputs: dict[str, Any] | None = None
+        self._advcal_reuse: tuple[Any, Any] | None = None  # (log-probabilities, J)
         # TRL's own advantages of the last batch, kept for comparison and tests.
         self.trl_advantages: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
@@ -405,11 +412,18 @@ class AdvcalGRPOMixin:
         with capture:
             self._advcal_capture = capture
             self._advcal_inputs = inputs
+            self._advcal_reuse = None
             try:
-                return super()._compute_loss(model, inputs)  # type: ignore[misc]
+                loss = super()._compute_loss(model, inputs)  # type: ignore[misc]
             finally:
                 self._advcal_capture = None
                 self._advcal_inputs = None
+        reuse, self._advcal_reuse = self._advcal_reuse, None
+        if reuse is None:
+            return loss
+        single = single_backward(loss, *reuse, capture, unwrapped[1])
+        self._advcal_log("train", {"single_backward": float(single is not None)})
+        return loss if single is None else single
 
     def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)  # type: ignore[misc]
@@ -444,9 +458,16 @@ class AdvcalGRPOMixin:
         ordered = groups[order]
         bounds = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1,
                                  [groups.size]))
-        # The backward starts below TRL's fused LM head where that gives the same K.
+        # The backward starts below TRL's fused LM head where that gives the same K.  Its δ
+        # are kept where they may stand in for the trainer's backward: on an unwrapped model
+        # (a DDP, FSDP or DeepSpeed wrapper has its own backward hooks).
+        reuse = self._advcal.single_backward and \
+            self._advcal_unwrapped[0] is self._advcal_unwrapped[1]
         gram = capture._gram(objectives, head_start(objectives), None,
-                             GroupIndex(bounds, order, ordered[bounds[:-1]]), None, "numpy")
+                             GroupIndex(bounds, order, ordered[bounds[:-1]]), None, "numpy",
+                             reuse)
+        if reuse:
+            self._advcal_reuse = (per_token_logps, objectives)
         sizes = np.diff(bounds)
         if not np.isnan(rewards).any():
             keep, offsets, kept_sizes, blocks = order, bounds, sizes, [gram]
