@@ -638,7 +638,9 @@ class GradientCapture:
         assert kept is not None
         n = int(scales.shape[0])
         grads: dict[int, tuple[Any, Any]] = {}
-        scaled: dict[tuple[Any, ...], Any] = {}  # each input scaled once (q/k/v share one)
+        # Calls with inputs and δ of one shape take one batched product (LoRA adapters come
+        # in a few shapes).
+        alike: dict[tuple[Any, ...], list[tuple[Any, Any, Any]]] = {}
 
         def add(param: Any, grad: Any) -> None:
             if id(param) in grads:  # a parameter shared by several covered layers
@@ -648,22 +650,23 @@ class GradientCapture:
         with torch.autocast(scales.device.type, enabled=False):
             for layer, pairs in zip(self._layers, kept, strict=True):
                 dtype = torch.promote_types(layer.module.weight.dtype, torch.float32)
-                factor = scales.to(dtype)[:, None, None]
                 for x, d in pairs:
-                    d = self._token_rows(d, n).to(dtype)
+                    h, d = self._token_rows(x, n), self._token_rows(d, n)
                     if layer.bias:
-                        add(layer.module.bias, (d * factor).sum(dim=(0, 1)))
-                    if not layer.weight:
-                        continue
-                    key = (x.data_ptr(), x.dtype, tuple(x.shape), x.stride(), dtype)
-                    h = scaled.get(key)
-                    if h is None:
-                        h = self._token_rows(x, n).to(dtype) * factor
-                        h = scaled[key] = h.reshape(-1, h.shape[-1])
-                    d = d.reshape(-1, d.shape[-1])
-                    # nn.Linear keeps its weight (d_out, d_in), transformers' Conv1D (d_in, d_out)
-                    add(layer.module.weight, d.T @ h if isinstance(layer.module, torch.nn.Linear)
-                        else h.T @ d)
+                        add(layer.module.bias, torch.einsum("ntf,n->f", d.to(dtype),
+                                                            scales.to(dtype)))
+                    if layer.weight:
+                        key = (tuple(h.shape), tuple(d.shape), dtype)
+                        alike.setdefault(key, []).append((layer.module, h, d))
+            for (_, _, dtype), calls in alike.items():
+                h = torch.stack([call[1] for call in calls]).to(dtype)
+                d = torch.stack([call[2] for call in calls]).to(dtype)
+                h = (h * scales.to(dtype)[None, :, None, None]).flatten(1, 2)
+                products = d.flatten(1, 2).transpose(1, 2) @ h  # (calls, d_out, d_in)
+                for (module, _, _), product in zip(calls, products, strict=True):
+                    # nn.Linear keeps its weight (d_out, d_in), transformers' Conv1D transposed
+                    add(module.weight, product if isinstance(module, torch.nn.Linear)
+                        else product.T)
         return [(param, grad.to(param.dtype)) for param, grad in grads.values()]
 
     def _sides(self, index: int, pairs: list[tuple[Any, Any]]) -> tuple[int, int] | None:

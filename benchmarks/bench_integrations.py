@@ -17,7 +17,9 @@ of the loss (``compute_loss``) and forward + backward, with ``advantage="setgrpo
 (Gram matrices on the loss's own forward pass, SetGRPO's coefficients) and with
 ``advantage="grpo"``, on the same generated batch, shuffled as TRL shuffles it before the
 loss; one torch thread.  The extra cost
-per step is set against one backward pass (grpo's forward + backward minus its forward).
+per step is set against one backward pass (grpo's forward + backward minus its forward),
+in full fine-tuning and with peft LoRA adapters on every linear layer (r = 8; there the
+Gram's backward stands in for the trainer's).
 
 The cases are built only when selected (they import TRL and construct trainers).
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import importlib.util
 import inspect
 import math
 import textwrap
@@ -189,9 +192,18 @@ def _setgrpo_case(quick: bool) -> Case:
     def reward(completions: list[str], **kwargs: Any) -> list[float]:
         return [len(c) / 20 for c in completions]
 
-    def trainer(**kwargs: Any) -> Any:
+    def trainer(lora: bool = False, **kwargs: Any) -> Any:
         model = transformers.LlamaForCausalLM(config)
         model.load_state_dict(weights)
+        if lora:
+            import peft
+
+            model = peft.get_peft_model(model, peft.LoraConfig(
+                r=8, target_modules="all-linear", lora_dropout=0.0))
+            torch.manual_seed(1)
+            for name, p in model.named_parameters():
+                if "lora_B" in name:  # peft starts B at 0: a trained adapter's is not
+                    torch.nn.init.normal_(p, std=0.1)
         args = trl.GRPOConfig(
             output_dir=None, per_device_train_batch_size=g * prompts, num_generations=g,
             max_completion_length=length, max_steps=1, report_to=[], use_cpu=True,
@@ -207,6 +219,9 @@ def _setgrpo_case(quick: bool) -> Case:
     runs = {"grpo": trainer(advantage="grpo"),
             "setgrpo, every linear layer": trainer(**setgrpo),
             "setgrpo, last block": trainer(**setgrpo, gram_layers=["model.layers.1"])}
+    if importlib.util.find_spec("peft") is not None:
+        runs["grpo, LoRA"] = trainer(True, advantage="grpo")
+        runs["setgrpo, LoRA"] = trainer(True, **setgrpo)
     with torch.no_grad():
         batch = runs["setgrpo, every linear layer"]._generate_and_score_completions(
             [{"prompt": text} for text in texts for _ in range(g)])
@@ -237,15 +252,18 @@ def _setgrpo_case(quick: bool) -> Case:
         # backward (grpo forward + backward - grpo loss forward) and each setgrpo extra;
         # the ratio of their medians (a ratio of two differences per round is too noisy).
         times = {label: np.asarray(values) for label, values in rounds.times.items()}
-        backward = np.median(times[base] - times["grpo: loss forward"])
         lines = []
         for name in runs:
-            if name == "grpo":
+            if name.startswith("grpo"):
                 continue
-            step = np.median(times[f"{name}: forward + backward"] - times[base])
-            forward = np.median(times[f"{name}: loss forward"] - times["grpo: loss forward"])
-            lines.append(f"{name}: extra per step {step / backward:.2f}x one backward pass; "
-                         f"in the loss forward alone {forward / backward:.2f}x")
+            grpo = "grpo, LoRA" if name.endswith("LoRA") else "grpo"
+            backward = np.median(times[f"{grpo}: forward + backward"]
+                                 - times[f"{grpo}: loss forward"])
+            step = np.median(times[f"{name}: forward + backward"]
+                             - times[f"{grpo}: forward + backward"])
+            forward = np.median(times[f"{name}: loss forward"] - times[f"{grpo}: loss forward"])
+            lines.append(f"{name}: extra per step {step / backward:.2f}x one backward pass "
+                         f"of {grpo}; in the loss forward alone {forward / backward:.2f}x")
         return lines + [f"one backward pass = grpo forward + backward - grpo loss forward; "
                         f"each a median of {times[base].size} paired-round differences"]
 
@@ -291,8 +309,6 @@ def _lazy(case: Case, build: Callable[[], Case | None]) -> Case:
 
 
 def cases(quick: bool) -> list[Case]:
-    import importlib.util
-
     if any(importlib.util.find_spec(name) is None for name in ("torch", "trl")):
         return []
     sizes = [(64, 0.0)] if quick else [(64, 0.0), (1024, 0.0), (1024, 0.05)]
