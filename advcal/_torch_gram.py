@@ -202,20 +202,20 @@ class _Selection:
     ``requires_grad`` of their linear layers' parameters stay as they were: then resolving
     again would select the same layers."""
 
-    __slots__ = ("model", "layers", "named", "_modules", "_linear", "_flags")
+    __slots__ = ("model", "layers", "named", "modules", "_linear", "_flags")
 
     def __init__(self, model: Any, layers: Any) -> None:
         self.model = model
         self.layers = _resolve_layers(model, layers)
         self.named = not _by_rule(layers)
-        self._modules = tuple(model.modules())
+        self.modules = tuple(model.modules())
         types = _linear_types()
-        self._linear = [m for m in self._modules if isinstance(m, types)]
+        self._linear = [m for m in self.modules if isinstance(m, types)]
         self._flags = [_trainable(m) for m in self._linear]
 
     def current(self) -> bool:
         """Whether resolving ``layers`` in the model now would select the same layers."""
-        return (tuple(self.model.modules()) == self._modules
+        return (tuple(self.model.modules()) == self.modules
                 and [_trainable(m) for m in self._linear] == self._flags)
 
 
@@ -649,15 +649,16 @@ class GradientCapture:
 
         with torch.autocast(scales.device.type, enabled=False):
             for layer, pairs in zip(self._layers, kept, strict=True):
-                dtype = torch.promote_types(layer.module.weight.dtype, torch.float32)
+                if not pairs:
+                    continue
+                module = layer.module
+                dtype = torch.promote_types(module.weight.dtype, torch.float32)
                 for x, d in pairs:
                     h, d = self._token_rows(x, n), self._token_rows(d, n)
                     if layer.bias:
-                        add(layer.module.bias, torch.einsum("ntf,n->f", d.to(dtype),
-                                                            scales.to(dtype)))
+                        add(module.bias, torch.einsum("ntf,n->f", d.to(dtype), scales.to(dtype)))
                     if layer.weight:
-                        key = (tuple(h.shape), tuple(d.shape), dtype)
-                        alike.setdefault(key, []).append((layer.module, h, d))
+                        alike.setdefault((h.shape, d.shape, dtype), []).append((module, h, d))
             for (_, _, dtype), calls in alike.items():
                 h = torch.stack([call[1] for call in calls]).to(dtype)
                 d = torch.stack([call[2] for call in calls]).to(dtype)

@@ -61,7 +61,7 @@ def _case(model, *, vocab=11, keep=True, autocast=False, loss_of=None):
     advantages = torch.linspace(-1.0, 1.5, N, dtype=logps.dtype)
     loss = _grpo_loss(logps, mask, advantages) if loss_of is None else \
         loss_of(logps, mask, advantages)
-    return loss, single_backward(loss, logps, objectives, capture, model)
+    return loss, single_backward(loss, logps, objectives, capture, model.parameters())
 
 
 def _check(model, loss, single, tol, scale=1.0):

@@ -20,6 +20,7 @@ backward runs as usual.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
@@ -49,35 +50,27 @@ def _uses(root: Any, trainable: dict[int, Any]) -> dict[int, int]:
     """How many edges of the graph below ``root`` lead into each trainable parameter,
     directly or through its (autocast) copy: one per use in the forward pass."""
     uses = dict.fromkeys(trainable, 0)
-    target: dict[int, int | None] = {}  # node -> the parameter an edge into it uses
-
-    def parameter_of(fn: Any) -> int | None:
-        key = id(fn)
-        if key not in target:
-            found = None
-            if type(fn).__name__ == "AccumulateGrad":
-                found = id(fn.variable) if id(fn.variable) in trainable else -1
-            elif type(fn).__name__.startswith("ToCopyBackward"):
-                (nxt, _), = fn.next_functions
-                if nxt is not None and type(nxt).__name__ == "AccumulateGrad" \
-                        and id(nxt.variable) in trainable:
-                    found = id(nxt.variable)
-            target[key] = found
-        return target[key]
-
-    stack, seen = [root], {id(root)}
+    # node -> what an edge into it is: a use of the parameter with this id, -1 (a leaf
+    # that is no trainable parameter) or 0 (an op, walked once)
+    kinds: dict[int, int] = {id(root): 0}
+    stack = [root]
     while stack:
         for nxt, _ in stack.pop().next_functions:
             if nxt is None:
                 continue
-            param = parameter_of(nxt)
-            if param is not None:
-                if param >= 0:
-                    uses[param] += 1
-                continue  # (a leaf, or a parameter's copy: not a use of anything else)
-            if id(nxt) not in seen:
-                seen.add(id(nxt))
-                stack.append(nxt)
+            kind = kinds.get(id(nxt))
+            if kind is None:
+                leaf = nxt
+                if type(nxt).__name__.startswith("ToCopyBackward"):
+                    leaf = nxt.next_functions[0][0]
+                kind = 0
+                if leaf is not None and type(leaf).__name__ == "AccumulateGrad":
+                    kind = id(leaf.variable) if id(leaf.variable) in trainable else -1
+                kinds[id(nxt)] = kind
+                if kind == 0:
+                    stack.append(nxt)
+            if kind > 0:
+                uses[kind] += 1
     return uses
 
 
@@ -100,19 +93,20 @@ def _deposit() -> Any:
     return Deposit
 
 
-def single_backward(loss: Any, logps: Any, objectives: Any, capture: Any, model: Any
-                    ) -> Any:
+def single_backward(loss: Any, logps: Any, objectives: Any, capture: Any,
+                    parameters: Iterable[Any]) -> Any:
     """A loss with the value of ``loss`` whose backward writes ∇L from the Gram's δ (see
     the module docstring), or None where that would not give the trainer's gradient.
 
-    ``logps`` are the log-probabilities ``objectives`` (the J_i) were computed from, and
-    ``capture`` a :class:`advcal.torch.GradientCapture` whose ``_gram`` ran with ``keep``."""
+    ``logps`` are the log-probabilities ``objectives`` (the J_i) were computed from,
+    ``capture`` a :class:`advcal.torch.GradientCapture` whose ``_gram`` ran with ``keep``,
+    and ``parameters`` the model's (a shared one may come more than once)."""
     import torch
 
     kept = capture._kept
     if kept is None or loss.grad_fn is None or logps.grad_fn is None:
         return None
-    trainable = {id(p): p for p in model.parameters() if p.requires_grad}
+    trainable = {id(p): p for p in parameters if p.requires_grad}
     calls = dict.fromkeys(trainable, 0)  # recorded calls that use each parameter
     for layer, pairs in zip(capture._layers, kept, strict=True):
         for param in layer.parameters():

@@ -252,6 +252,12 @@ class AdvcalGRPOMixin:
         for ``"setgrpo"``.  The layers are resolved at the first loss and reused (a
         predicate is asked then), and resolved again when the model's modules or the
         ``requires_grad`` of its linear layers change.
+    gram_single_backward : bool, default True
+        For ``"setgrpo"``: where the Gram's backward pass already holds the step's gradient
+        (the optimiser trains the covered layers alone, as with LoRA adapters; the loss is
+        TRL's at the current policy; the model is not wrapped), write that gradient from it
+        and skip TRL's backward pass.  Every condition is checked at each step; where one
+        fails, TRL's backward runs as usual.
 
     Notes
     -----
@@ -265,8 +271,9 @@ class AdvcalGRPOMixin:
     ``max`` and ``zero_gap_fraction`` in every mode, as :func:`advcal.scale_diagnostics`
     gives them for the estimator that ran (GRPO's for ``"setgrpo"``, Range-GRPO's on the
     ranges for ``"range"``), from the same scale rule; ``accepted_fraction``, ``eta_mean``,
-    ``tau`` and ``coef_norm_ratio`` (‖a(η*)‖ over ‖GRPO coefficients‖, accepted groups)
-    for ``"setgrpo"``; ``range_width_mean`` for ``"range"``.
+    ``tau``, ``coef_norm_ratio`` (‖a(η*)‖ over ‖GRPO coefficients‖, accepted groups) and
+    ``single_backward`` (1 when the Gram's backward gave the gradient) for ``"setgrpo"``;
+    ``range_width_mean`` for ``"range"``.
     """
 
     def __init__(self, *args: Any, advantage: str = "grpo",
@@ -280,7 +287,8 @@ class AdvcalGRPOMixin:
         self._advcal_rewards_per_func: torch.Tensor | None = None
         self._advcal_capture: Any = None
         self._advcal_inputs: dict[str, Any] | None = None
-        self._advcal_reuse: tuple[Any, Any] | None = None  # (log-probabilities, J)
+        # for the single backward: () wanted, then (log-probabilities, J); None: not wanted
+        self._advcal_reuse: tuple[Any, ...] | None = None
         # TRL's own advantages of the last batch, kept for comparison and tests.
         self.trl_advantages: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
@@ -409,21 +417,30 @@ class AdvcalGRPOMixin:
             self._advcal_selection = selection
         capture = GradientCapture(unwrapped[1], selection,
                                   sketch_dim=settings.sketch_dim, seed=settings.seed)
+        # The Gram's backward may stand in for TRL's where the optimiser trains the covered
+        # layers alone, on an unwrapped model (DDP, FSDP and DeepSpeed hook the backward).
+        # The selection's modules are the model's: it checked that they had not changed.
+        trainable = [p for module in selection.modules for p in module.parameters(recurse=False)
+                     if p.requires_grad]
+        covered = {id(p) for layer in selection.layers for p in layer.parameters()}
+        single = settings.single_backward and unwrapped[0] is unwrapped[1] \
+            and all(id(p) in covered for p in trainable)
         with capture:
             self._advcal_capture = capture
             self._advcal_inputs = inputs
-            self._advcal_reuse = None
+            self._advcal_reuse = () if single else None
             try:
                 loss = super()._compute_loss(model, inputs)  # type: ignore[misc]
             finally:
                 self._advcal_capture = None
                 self._advcal_inputs = None
         reuse, self._advcal_reuse = self._advcal_reuse, None
-        if reuse is None:
-            return loss
-        single = single_backward(loss, *reuse, capture, unwrapped[1])
-        self._advcal_log("train", {"single_backward": float(single is not None)})
-        return loss if single is None else single
+        if single and reuse:
+            out = single_backward(loss, *reuse, capture, trainable)
+            single, loss = out is not None, loss if out is None else out
+        if settings.single_backward:
+            self._advcal_log("train", {"single_backward": float(single)})
+        return loss
 
     def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)  # type: ignore[misc]
@@ -459,10 +476,8 @@ class AdvcalGRPOMixin:
         bounds = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1,
                                  [groups.size]))
         # The backward starts below TRL's fused LM head where that gives the same K.  Its δ
-        # are kept where they may stand in for the trainer's backward: on an unwrapped model
-        # (a DDP, FSDP or DeepSpeed wrapper has its own backward hooks).
-        reuse = self._advcal.single_backward and \
-            self._advcal_unwrapped[0] is self._advcal_unwrapped[1]
+        # are kept where they may stand in for the trainer's backward.
+        reuse = self._advcal_reuse is not None  # (set by _compute_loss)
         gram = capture._gram(objectives, head_start(objectives), None,
                              GroupIndex(bounds, order, ordered[bounds[:-1]]), None, "numpy",
                              reuse)
