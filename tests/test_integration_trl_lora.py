@@ -38,13 +38,14 @@ def _calibration() -> advcal.SetCalibration:
                                  clean + rng.normal(0, 0.1, clean.shape), alpha=0.2)
 
 
-def _trainer(*, lora=True, bf16=False, steps=1, entropy_quantile=1.0, **kwargs) -> _Trainer:
+def _trainer(*, lora=True, bf16=False, steps=1, entropy_quantile=1.0, dropout=0.0,
+             checkpointing=False, **kwargs) -> _Trainer:
     tok = word_tokenizer()
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(llama_config(tok))
     if lora:
         model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear",
-                                                           lora_dropout=0.0))
+                                                           lora_dropout=dropout))
         torch.manual_seed(1)
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -53,7 +54,8 @@ def _trainer(*, lora=True, bf16=False, steps=1, entropy_quantile=1.0, **kwargs) 
         output_dir=None, per_device_train_batch_size=2 * G, num_generations=G,
         max_completion_length=6, max_steps=steps, report_to=[], use_cpu=True,
         save_strategy="no", learning_rate=1e-2, logging_steps=1, seed=0, disable_tqdm=True,
-        bf16=bf16, top_entropy_quantile=entropy_quantile)
+        bf16=bf16, top_entropy_quantile=entropy_quantile,
+        gradient_checkpointing=checkpointing)
     return _Trainer(model=model, reward_funcs=_spread_reward, args=config,
                     train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS * 4}),
                     processing_class=tok, advantage="setgrpo", calibration=_calibration(),
@@ -99,6 +101,21 @@ def test_lora_gradients_come_from_the_gram_backward() -> None:
     assert got.keys() == expected.keys() and len(got) == 2 * 7 * 2  # A and B, 7 layers, 2 blocks
     for name, e in expected.items():
         torch.testing.assert_close(got[name], e, rtol=1e-5, atol=1e-5 * float(e.abs().max()))
+
+
+def test_with_adapter_dropout_and_gradient_checkpointing() -> None:
+    # One trainer, the single backward on and off, the same dropout masks (same RNG state).
+    trainer = _trainer(dropout=0.2, checkpointing=True)
+    batch = _batch(trainer)
+    grads = []
+    for single in (True, False):
+        trainer._advcal = trainer._advcal._replace(single_backward=single)
+        torch.manual_seed(5)
+        grads += _gradients([trainer], batch)
+    assert _used(trainer) == [1.0]
+    for name, e in grads[1].items():
+        torch.testing.assert_close(grads[0][name], e, rtol=1e-5,
+                                   atol=1e-5 * float(e.abs().max()))
 
 
 def test_in_bfloat16_within_the_rounding_of_trls_own_backward() -> None:

@@ -434,7 +434,7 @@ class AdvcalGRPOMixin:
             finally:
                 self._advcal_capture = None
                 self._advcal_inputs = None
-        reuse, self._advcal_reuse = self._advcal_reuse, None
+                reuse, self._advcal_reuse = self._advcal_reuse, None
         if single and reuse:
             out = single_backward(loss, *reuse, capture, trainable)
             single, loss = out is not None, loss if out is None else out
