@@ -442,6 +442,7 @@ class GradientCapture:
         self._records: list[list[tuple[Any, int, Any, int]]] | None = None
         self._silent: set[int] = set()
         self._kept: list[list[tuple[Any, Any]]] | None = None
+        self._extra: list[Any] | None = None
         self._state = "new"
 
     @property
@@ -535,12 +536,13 @@ class GradientCapture:
         return self._gram(objectives, None, offsets, group_ids, group_size, output)
 
     def _gram(self, objectives: Any, start: tuple[Any, Any] | None, offsets: Any,
-              group_ids: Any, group_size: int | None, output: str, keep: bool = False
-              ) -> Any:
+              group_ids: Any, group_size: int | None, output: str, keep: bool = False,
+              extra: list[Any] | None = None) -> Any:
         """:meth:`gram`, whose backward to the recorded outputs starts at ``start`` =
         (tensor, gradient of ΣJ there) when a caller computed that gradient itself (the TRL
         integration does so at the input of TRL's fused LM head).  ``keep`` keeps each
-        call's (input, δ) for :meth:`_weight_gradients`."""
+        call's (input, δ) for :meth:`_weight_gradients`, and the same pass's gradients at
+        the ``extra`` tensors or gradient edges (None where it does not reach them)."""
         torch = _torch()
         if output not in OUTPUTS:
             raise ValueError(f"`output` must be one of {OUTPUTS}; got {output!r}.")
@@ -592,8 +594,12 @@ class GradientCapture:
         self._state = "done"  # from here on the capture is consumed, even if this fails
         try:
             root, seed = (objectives.sum(), None) if start is None else start
-            deltas = torch.autograd.grad(root, [rec[2] for _, rec in flat], grad_outputs=seed,
-                                         retain_graph=True, allow_unused=True)
+            extra = list(extra or [])
+            deltas = torch.autograd.grad(root, [rec[2] for _, rec in flat] + extra,
+                                         grad_outputs=seed, retain_graph=True, allow_unused=True)
+            if keep:
+                self._extra = list(deltas[len(flat):])
+            deltas = deltas[:len(flat)]
         except RuntimeError as exc:
             if "backward through the graph a second time" in str(exc):
                 raise ValueError("the graph of `objectives` was freed (a backward pass ran "

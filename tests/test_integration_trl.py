@@ -304,8 +304,9 @@ class _FakeCapture:
                                                         strict=True)]
         return np.concatenate([self.full[np.ix_(m, m)].ravel() for m in members])
 
-    def _gram(self, objectives, start, offsets, group_ids, group_size, output, keep):
-        assert start is None and group_size is None and output == "numpy" and not keep
+    def _gram(self, objectives, start, offsets, group_ids, group_size, output, keep, extra):
+        assert start is None and group_size is None and output == "numpy"
+        assert not keep and extra is None
         return self.gram(objectives, offsets, group_ids)
 
 

@@ -130,10 +130,28 @@ def test_in_bfloat16_within_the_rounding_of_trls_own_backward() -> None:
     assert 0 < _distance(got, expected) <= 3 * noise < 0.1
 
 
-@pytest.mark.parametrize("options", [{"lora": False}, {"entropy_quantile": 0.5}])
+def test_full_fine_tuning_gradients_come_from_the_gram_backward() -> None:
+    # Embeddings and norms are not linear layers: the nodes using them are differentiated
+    # at λ times ΣJ's gradient; the LM head's weight, used by TRL's fused head above the
+    # Gram's start, at the loss's own gradient.
+    single, separate = _trainer(lora=False), _trainer(lora=False, gram_single_backward=False)
+    got, expected = _gradients([single, separate], _batch(single))
+    assert _used(single) == [1.0]
+    assert len(expected) == 2 * 9 + 3  # 7 linear layers and 2 norms per block; embeddings,
+    # the final norm, the head
+    for name, e in expected.items():
+        torch.testing.assert_close(got[name], e, rtol=1e-5, atol=1e-5 * float(e.abs().max()))
+
+
+def _last_block(name, module) -> bool:
+    return ".layers.1." in name
+
+
+@pytest.mark.parametrize("options", [{"entropy_quantile": 0.5}, {"gram_layers": _last_block}])
 def test_where_it_would_differ_trls_backward_runs(options) -> None:
-    # Full fine-tuning (embeddings and norms are trainable, and not linear layers), or TRL's
-    # entropy mask (the loss leaves out tokens the objectives count): TRL's own backward.
+    # TRL's entropy mask (the loss leaves out tokens the objectives count), or adapters
+    # outside the Gram's layers (their weights reach the loss through a transpose, which
+    # has no rows of responses): TRL's own backward.
     single = _trainer(**options)
     separate = _trainer(**options, gram_single_backward=False)
     got, expected = _gradients([single, separate], _batch(single))

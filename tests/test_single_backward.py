@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from advcal.integrations._single_backward import single_backward  # noqa: E402
+from advcal.integrations._single_backward import prepare, single_backward  # noqa: E402
 from advcal.torch import GradientCapture, response_objectives  # noqa: E402
 from tests.test_gram import (  # noqa: E402, F401 (one_thread: the tiny models' autouse fixture)
     VOCAB,
@@ -50,18 +50,19 @@ def _forward(model, batch, keep, autocast):
         logps = torch.log_softmax(logits[:, :-1], dim=-1).gather(
             -1, ids[:, 1:, None])[..., 0]
         objectives = response_objectives(logps, completion)
-    capture._gram(objectives, None, None, None, G, "numpy", keep)
-    return capture, logps, objectives, completion.to(logps.dtype)
+    plan = prepare(logps, model.parameters(), capture)
+    capture._gram(objectives, None, None, None, G, "numpy", keep, plan.edges if keep else None)
+    return capture, logps, objectives, completion.to(logps.dtype), plan
 
 
 def _case(model, *, vocab=11, keep=True, autocast=False, loss_of=None):
     """(loss, what single_backward returns for it): by default TRL's GRPO loss."""
-    capture, logps, objectives, mask = _forward(model, make_batch(N, vocab=vocab), keep,
-                                                autocast)
+    capture, logps, objectives, mask, plan = _forward(model, make_batch(N, vocab=vocab), keep,
+                                                      autocast)
     advantages = torch.linspace(-1.0, 1.5, N, dtype=logps.dtype)
     loss = _grpo_loss(logps, mask, advantages) if loss_of is None else \
         loss_of(logps, mask, advantages)
-    return loss, single_backward(loss, logps, objectives, capture, model.parameters())
+    return loss, single_backward(loss, logps, objectives, capture, plan)
 
 
 def _check(model, loss, single, tol, scale=1.0):
@@ -131,8 +132,32 @@ def _unchanged(model, single):
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_a_trainable_parameter_outside_the_covered_layers() -> None:
-    model = make_model("mlp")  # the embedding is trainable and not a linear layer
+# Trainable parameters outside the covered layers: the embedding (mlp, lora's is frozen),
+# and the embedding and RMS norms (llama); the nodes using them get λ times ΣJ's gradient.
+@pytest.mark.parametrize(("kind", "tol"), [("mlp", 1e-10), ("llama", 1e-6)])
+def test_parameters_outside_the_covered_layers(kind, tol) -> None:
+    model = make_model(kind)
+    assert not all(isinstance(m, nn.Linear) for m in model.modules() if m._parameters)
+    _check(model, *_case(model, vocab=VOCAB[kind]), tol)
+
+
+def test_parameters_outside_the_covered_layers_inside_autocast() -> None:
+    model = make_model("mlp", dtype=torch.float32)
+    _check(model, *_case(model, autocast=True), 2e-2)
+
+
+def test_a_parameter_used_through_an_op_on_itself() -> None:
+    # gain.exp() has no rows of responses: λ cannot be placed on its gradient
+    class Gained(TokenMLP):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gain = nn.Parameter(torch.zeros(9))
+
+        def forward(self, ids, attention_mask=None):
+            return self.fc2(torch.tanh(self.fc1(self.embed(ids))) * self.gain.exp())
+
+    torch.manual_seed(0)
+    model = Gained().double()
     _unchanged(model, _case(model)[1])
 
 

@@ -1,18 +1,21 @@
 """When SetGRPO's Gram backward can stand in for the trainer's backward pass.
 
-The Gram matrix needs δ = ∂ΣJ/∂y at the output y of every covered layer.  Suppose that
+The Gram matrix needs δ = ∂ΣJ/∂y at the output y of every covered layer.  Suppose that the
+loss L reaches the model only through the log-probabilities, with
+∂L/∂log p = λ_i · ∂ΣJ/∂log p on the tokens of each response i (one λ_i per response).
+Responses are independent rows of the batch, so then ∂L/∂v = λ_i ∂ΣJ/∂v on the rows of
+response i of any tensor v the model computes, and L's gradient follows from the Gram's
+backward pass of ΣJ:
 
-- every trainable parameter is the weight or bias of a covered layer, and is used in the
-  forward pass by that layer's recorded calls alone;
-- the loss L reaches the model only through the log-probabilities, with
-  ∂L/∂log p = λ_i · ∂ΣJ/∂log p on the tokens of each response i (one λ_i per response).
+- a covered layer's weight, used by that layer's recorded calls alone, gets Σ over its calls
+  of (λδ)ᵀ h, from the recorded inputs h and the Gram's δ;
+- any other trainable parameter (embeddings, norms, a fused LM head's weight) gets, from
+  each autograd node that uses it, that node's backward at λ times the gradient of ΣJ
+  reaching it, which the Gram's pass also returns when :func:`prepare` asked for it (a node
+  above the pass's start gets L's own gradient instead).
 
-Responses are independent rows of the batch, so then ∂L/∂y = λ_i δ on the tokens of response
-i, and ∇_W L = Σ over the layer's calls of (λδ)ᵀ h: the recorded inputs h and the Gram's δ
-hold the whole gradient, and the trainer's own backward pass has nothing left to compute.
-This is so in TRL's GRPO loss at the current policy (importance ratio 1, no KL term, no
-entropy bonus) when the trainable parameters are LoRA adapters, or the linear layers alone.
-
+Then the trainer's own backward pass has nothing left to compute.  This is so in TRL's GRPO
+loss at the current policy (importance ratio 1, no KL term, no entropy bonus).
 :func:`single_backward` checks every condition on the graph and the numbers, and returns a
 loss of the same value whose backward writes those gradients, or None: then the trainer's
 backward runs as usual.
@@ -22,13 +25,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 # A loss built from the log-probabilities alone reaches them in a few dozen ops.
 MAX_LOSS_NODES = 256
 # Relative agreement of ∂L/∂log p with λ_i ∂ΣJ/∂log p, row by row (at most this, and at
 # most 64 rounding errors of the log-probabilities' dtype).
 RTOL = 1e-5
+
+
+class Plan(NamedTuple):
+    """What the Gram's pass must also return for :func:`single_backward`."""
+
+    trainable: dict[int, Any]  # id -> trainable parameter
+    covered: set[int]  # the trainable parameters of the recorded layers
+    uses: dict[int, int]  # id -> edges of the graph into it (one per use)
+    nodes: list[tuple[Any, list[tuple[int, Any]]]]  # nodes using uncovered parameters, slots
+    edges: list[Any]  # a GradientEdge per output of each of those nodes, in order
 
 
 def _reaches_parameters(root: Any, stop: Any) -> bool:
@@ -46,21 +59,32 @@ def _reaches_parameters(root: Any, stop: Any) -> bool:
     return False
 
 
-def _uses(root: Any, trainable: dict[int, Any]) -> dict[int, int]:
-    """How many edges of the graph below ``root`` lead into each trainable parameter,
-    directly or through its (autocast) copy: one per use in the forward pass."""
+def prepare(logps: Any, parameters: Iterable[Any], capture: Any) -> Plan | None:
+    """Walk the graph below the log-probabilities, before the Gram's backward pass: the
+    uses of every trainable parameter, and the nodes through which the parameters outside
+    the capture's recorded layers are used.  None where no plan can hold (the capture's
+    batch axis is not the first)."""
+    from torch.autograd.graph import GradientEdge
+
+    if logps.grad_fn is None or capture._batch_dim != 0 or capture._records is None:
+        return None
+    trainable = {id(p): p for p in parameters if p.requires_grad}
+    covered = {id(p) for layer, records in zip(capture._layers, capture._records, strict=True)
+               if records for p in layer.parameters()} & trainable.keys()
     uses = dict.fromkeys(trainable, 0)
+    users: dict[int, tuple[Any, list[tuple[int, Any]]]] = {}
     # node -> what an edge into it is: a use of the parameter with this id, -1 (a leaf
     # that is no trainable parameter) or 0 (an op, walked once)
-    kinds: dict[int, int] = {id(root): 0}
-    stack = [root]
+    kinds: dict[int, int] = {id(logps.grad_fn): 0}
+    stack = [logps.grad_fn]
     while stack:
-        for nxt, _ in stack.pop().next_functions:
+        fn = stack.pop()
+        for slot, (nxt, _) in enumerate(fn.next_functions):
             if nxt is None:
                 continue
             kind = kinds.get(id(nxt))
             if kind is None:
-                leaf = nxt
+                leaf = nxt  # a parameter's autocast copy counts as the parameter
                 if type(nxt).__name__.startswith("ToCopyBackward"):
                     leaf = nxt.next_functions[0][0]
                 kind = 0
@@ -71,7 +95,11 @@ def _uses(root: Any, trainable: dict[int, Any]) -> dict[int, int]:
                     stack.append(nxt)
             if kind > 0:
                 uses[kind] += 1
-    return uses
+                if kind not in covered:
+                    users.setdefault(id(fn), (fn, []))[1].append((slot, trainable[kind]))
+    nodes = list(users.values())
+    edges = [GradientEdge(fn, j) for fn, _ in nodes for j in range(len(fn._input_metadata))]
+    return Plan(trainable, covered, uses, nodes, edges)
 
 
 @cache
@@ -93,41 +121,93 @@ def _deposit() -> Any:
     return Deposit
 
 
-def single_backward(loss: Any, logps: Any, objectives: Any, capture: Any,
-                    parameters: Iterable[Any]) -> Any:
-    """A loss with the value of ``loss`` whose backward writes ∇L from the Gram's δ (see
-    the module docstring), or None where that would not give the trainer's gradient.
-
-    ``logps`` are the log-probabilities ``objectives`` (the J_i) were computed from,
-    ``capture`` a :class:`advcal.torch.GradientCapture` whose ``_gram`` ran with ``keep``,
-    and ``parameters`` the model's (a shared one may come more than once)."""
+def _scales(loss: Any, logps: Any, objectives: Any, above: list[Any]
+            ) -> tuple[Any, list[Any]] | None:
+    """(λ, L's gradient at the ``above`` edges), or None where ∂L/∂log p is not
+    λ_i ∂ΣJ/∂log p on every response's tokens."""
     import torch
 
-    kept = capture._kept
-    if kept is None or loss.grad_fn is None or logps.grad_fn is None:
+    grads = torch.autograd.grad(loss, [logps, *above], retain_graph=True, allow_unused=True)
+    (grad_j,) = torch.autograd.grad(objectives.sum(), logps, retain_graph=True)
+    if grads[0] is None:
         return None
-    trainable = {id(p): p for p in parameters if p.requires_grad}
-    calls = dict.fromkeys(trainable, 0)  # recorded calls that use each parameter
+    g_l, g_j = grads[0].double(), grad_j.double()
+    norm2 = (g_j * g_j).sum(dim=1)
+    scales = torch.where(norm2 > 0, (g_l * g_j).sum(dim=1) / norm2.clamp(min=1e-300), 0.0)
+    residual = (g_l - scales[:, None] * g_j).abs().amax(dim=1)
+    rtol = min(RTOL, 64 * torch.finfo(grads[0].dtype).eps)
+    if not bool((residual <= rtol * g_l.abs().amax(dim=1)).all()):
+        return None
+    return scales, list(grads[1:])
+
+
+def _node_gradients(plan: Plan, found: list[Any], scales: Any
+                    ) -> list[tuple[Any, Any]] | None:
+    """Each uncovered parameter's gradient, from the backward of each node using it at the
+    gradient of L reaching the node: λ times what the Gram's pass ``found`` (rows of
+    responses first), or L's own gradient where the pass could not reach the node."""
+    import torch
+
+    n = int(scales.shape[0])
+    out: list[tuple[Any, Any]] = []
+    position = 0
+    for fn, slots in plan.nodes:
+        grads = []
+        for meta in fn._input_metadata:
+            grad, exact = found[position]
+            position += 1
+            if grad is None:
+                grad = torch.zeros(tuple(meta.shape), dtype=meta.dtype, device=meta.device)
+            elif not exact:
+                if grad.ndim < 3 or grad.shape[0] != n:
+                    return None  # not a batch of responses' rows: λ cannot be placed
+                grad = grad * scales.to(grad.dtype).reshape(n, *[1] * (grad.ndim - 1))
+            grads.append(grad)
+        with torch.no_grad():  # (a Python node's apply may not run under grad mode)
+            result = fn.apply(*grads) if hasattr(fn, "apply") else fn(*grads)
+        result = result if isinstance(result, tuple) else (result,)
+        out.extend((param, result[slot].to(param.dtype)) for slot, param in slots)
+    return out
+
+
+def single_backward(loss: Any, logps: Any, objectives: Any, capture: Any, plan: Plan
+                    ) -> Any:
+    """A loss with the value of ``loss`` whose backward writes ∇L from the Gram's backward
+    pass (see the module docstring), or None where that would not give the trainer's
+    gradient.
+
+    ``logps`` are the log-probabilities ``objectives`` (the J_i) were computed from, and
+    ``capture`` a :class:`advcal.torch.GradientCapture` whose ``_gram`` ran with ``keep``
+    and the ``plan``'s edges."""
+    import torch
+
+    kept, extra, capture._extra = capture._kept, capture._extra, None
+    if kept is None or extra is None or loss.grad_fn is None:
+        return None
+    calls = dict.fromkeys(plan.trainable, 0)  # recorded calls that use each parameter
     for layer, pairs in zip(capture._layers, kept, strict=True):
         for param in layer.parameters():
             if id(param) in calls:
                 calls[id(param)] += len(pairs)
-    if not trainable or 0 in calls.values() or _reaches_parameters(loss.grad_fn, logps.grad_fn):
+    # A covered parameter must be used by its layers' recorded calls alone.
+    if any(calls[key] != plan.uses[key] for key in plan.covered) \
+            or _reaches_parameters(loss.grad_fn, logps.grad_fn):
         return None
+    above = [edge for edge, grad in zip(plan.edges, extra, strict=True) if grad is None]
     with torch.autocast(logps.device.type, enabled=False):
-        (grad_loss,) = torch.autograd.grad(loss, logps, retain_graph=True, allow_unused=True)
-        (grad_j,) = torch.autograd.grad(objectives.sum(), logps, retain_graph=True)
-        if grad_loss is None:
+        checked = _scales(loss, logps, objectives, above)
+        if checked is None:
             return None
-        g_l, g_j = grad_loss.double(), grad_j.double()
-        norm2 = (g_j * g_j).sum(dim=1)
-        scales = torch.where(norm2 > 0, (g_l * g_j).sum(dim=1) / norm2.clamp(min=1e-300), 0.0)
-        residual = (g_l - scales[:, None] * g_j).abs().amax(dim=1)
-        rtol = min(RTOL, 64 * torch.finfo(grad_loss.dtype).eps)
-        if not bool((residual <= rtol * g_l.abs().amax(dim=1)).all()):
+        scales, exact = checked
+        exact_iter = iter(exact)
+        found = [(next(exact_iter), True) if grad is None else (grad, False) for grad in extra]
+        uncovered = _node_gradients(plan, found, scales)
+        if uncovered is None:
             return None
-    if _uses(logps.grad_fn, trainable) != calls:
-        return None  # a parameter used outside its layer's recorded calls
-    grads = capture._weight_gradients(scales)
-    params = [param for param, _ in grads]
-    return _deposit().apply(loss.detach(), [grad for _, grad in grads], *params)
+        grads: dict[int, tuple[Any, Any]] = {}
+        for param, grad in capture._weight_gradients(scales) + uncovered:
+            if id(param) in grads:
+                grad = grads[id(param)][1] + grad
+            grads[id(param)] = (param, grad)
+    params = [param for param, _ in grads.values()]
+    return _deposit().apply(loss.detach(), [grad for _, grad in grads.values()], *params)

@@ -42,7 +42,7 @@ import advcal
 from advcal._validation import Batch, check_choice, check_keywords, check_real
 from advcal.diagnostics import _scale_summary
 from advcal.integrations._fused_head import head_start
-from advcal.integrations._single_backward import single_backward
+from advcal.integrations._single_backward import prepare, single_backward
 from advcal.layouts import GroupIndex
 from advcal.recovery import _gram_blocks, _recover
 from advcal.registry import REGISTRY, DiagnosticSettings, Scaled
@@ -287,8 +287,9 @@ class AdvcalGRPOMixin:
         self._advcal_rewards_per_func: torch.Tensor | None = None
         self._advcal_capture: Any = None
         self._advcal_inputs: dict[str, Any] | None = None
-        # for the single backward: () wanted, then (log-probabilities, J); None: not wanted
-        self._advcal_reuse: tuple[Any, ...] | None = None
+        # for the single backward: the model's parameters, then (log-probabilities, J, plan);
+        # None: not wanted
+        self._advcal_reuse: Any = None
         # TRL's own advantages of the last batch, kept for comparison and tests.
         self.trl_advantages: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
@@ -417,27 +418,26 @@ class AdvcalGRPOMixin:
             self._advcal_selection = selection
         capture = GradientCapture(unwrapped[1], selection,
                                   sketch_dim=settings.sketch_dim, seed=settings.seed)
-        # The Gram's backward may stand in for TRL's where the optimiser trains the covered
-        # layers alone, on an unwrapped model (DDP, FSDP and DeepSpeed hook the backward).
-        # The selection's modules are the model's: it checked that they had not changed.
-        trainable = [p for module in selection.modules for p in module.parameters(recurse=False)
-                     if p.requires_grad]
-        covered = {id(p) for layer in selection.layers for p in layer.parameters()}
-        single = settings.single_backward and unwrapped[0] is unwrapped[1] \
-            and all(id(p) in covered for p in trainable)
+        # The Gram's backward may stand in for TRL's on an unwrapped model (DDP, FSDP and
+        # DeepSpeed hook the backward).  The selection's modules are the model's: it checked
+        # that they had not changed.
+        single = settings.single_backward and unwrapped[0] is unwrapped[1]
         with capture:
             self._advcal_capture = capture
             self._advcal_inputs = inputs
-            self._advcal_reuse = () if single else None
+            self._advcal_reuse = [p for module in selection.modules
+                                  for p in module.parameters(recurse=False)] if single else None
             try:
                 loss = super()._compute_loss(model, inputs)  # type: ignore[misc]
             finally:
                 self._advcal_capture = None
                 self._advcal_inputs = None
                 reuse, self._advcal_reuse = self._advcal_reuse, None
-        if single and reuse:
-            out = single_backward(loss, *reuse, capture, trainable)
-            single, loss = out is not None, loss if out is None else out
+        out = None
+        if isinstance(reuse, tuple):  # the Gram ran and planned for it
+            logps, objectives, plan = reuse
+            out = single_backward(loss, logps, objectives, capture, plan)
+        single, loss = out is not None, loss if out is None else out
         if settings.single_backward:
             self._advcal_log("train", {"single_backward": float(single)})
         return loss
@@ -477,12 +477,13 @@ class AdvcalGRPOMixin:
                                  [groups.size]))
         # The backward starts below TRL's fused LM head where that gives the same K.  Its δ
         # are kept where they may stand in for the trainer's backward.
-        reuse = self._advcal_reuse is not None  # (set by _compute_loss)
+        plan = None
+        if self._advcal_reuse is not None:  # the model's parameters (set by _compute_loss)
+            plan = prepare(per_token_logps, self._advcal_reuse, capture)
         gram = capture._gram(objectives, head_start(objectives), None,
                              GroupIndex(bounds, order, ordered[bounds[:-1]]), None, "numpy",
-                             reuse)
-        if reuse:
-            self._advcal_reuse = (per_token_logps, objectives)
+                             plan is not None, None if plan is None else plan.edges)
+        self._advcal_reuse = None if plan is None else (per_token_logps, objectives, plan)
         sizes = np.diff(bounds)
         if not np.isnan(rewards).any():
             keep, offsets, kept_sizes, blocks = order, bounds, sizes, [gram]
