@@ -39,10 +39,10 @@ def _calibration() -> advcal.SetCalibration:
 
 
 def _trainer(*, lora=True, bf16=False, steps=1, entropy_quantile=1.0, dropout=0.0,
-             checkpointing=False, **kwargs) -> _Trainer:
+             checkpointing=False, config=None, **kwargs) -> _Trainer:
     tok = word_tokenizer()
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(llama_config(tok))
+    model = transformers.LlamaForCausalLM(config or llama_config(tok))
     if lora:
         model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear",
                                                            lora_dropout=dropout))
@@ -103,9 +103,11 @@ def test_lora_gradients_come_from_the_gram_backward() -> None:
         torch.testing.assert_close(got[name], e, rtol=1e-5, atol=1e-5 * float(e.abs().max()))
 
 
-def test_with_adapter_dropout_and_gradient_checkpointing() -> None:
-    # One trainer, the single backward on and off, the same dropout masks (same RNG state).
-    trainer = _trainer(dropout=0.2, checkpointing=True)
+@pytest.mark.parametrize("lora", [True, False])
+def test_with_adapter_dropout_and_gradient_checkpointing(lora) -> None:
+    # One trainer, the single backward on and off, the same dropout masks (same RNG state);
+    # checkpointed blocks recompute their forward when a node using a norm's weight is run.
+    trainer = _trainer(lora=lora, dropout=0.2, checkpointing=True)
     batch = _batch(trainer)
     grads = []
     for single in (True, False):
@@ -139,6 +141,19 @@ def test_full_fine_tuning_gradients_come_from_the_gram_backward() -> None:
     assert _used(single) == [1.0]
     assert len(expected) == 2 * 9 + 3  # 7 linear layers and 2 norms per block; embeddings,
     # the final norm, the head
+    for name, e in expected.items():
+        torch.testing.assert_close(got[name], e, rtol=1e-5, atol=1e-5 * float(e.abs().max()))
+
+
+def test_tied_embeddings() -> None:
+    # The embedding's weight is also the fused head's: both nodes' parts add up.
+    config = llama_config(word_tokenizer())
+    config.tie_word_embeddings = True
+    single, separate = (_trainer(lora=False, config=config, gram_single_backward=flag)
+                        for flag in (True, False))
+    assert single.model.lm_head.weight is single.model.model.embed_tokens.weight
+    got, expected = _gradients([single, separate], _batch(single))
+    assert _used(single) == [1.0]
     for name, e in expected.items():
         torch.testing.assert_close(got[name], e, rtol=1e-5, atol=1e-5 * float(e.abs().max()))
 
