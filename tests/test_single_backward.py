@@ -51,7 +51,8 @@ def _forward(model, batch, keep, autocast):
             -1, ids[:, 1:, None])[..., 0]
         objectives = response_objectives(logps, completion)
     plan = prepare(logps, model.parameters(), capture)
-    capture._gram(objectives, None, None, None, G, "numpy", keep, plan.edges if keep else None)
+    keep = keep and plan is not None  # (None: no plan can hold)
+    capture._gram(objectives, None, None, None, G, "numpy", keep, plan.below if keep else None)
     return capture, logps, objectives, completion.to(logps.dtype), plan
 
 
@@ -62,7 +63,8 @@ def _case(model, *, vocab=11, keep=True, autocast=False, loss_of=None):
     advantages = torch.linspace(-1.0, 1.5, N, dtype=logps.dtype)
     loss = _grpo_loss(logps, mask, advantages) if loss_of is None else \
         loss_of(logps, mask, advantages)
-    return loss, single_backward(loss, logps, objectives, capture, plan)
+    return loss, None if plan is None else single_backward(loss, logps, objectives, capture,
+                                                             plan)
 
 
 def _check(model, loss, single, tol, scale=1.0):

@@ -15,7 +15,8 @@ backward runs through TRL's function as through any other op.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 NODE = "ChunkedLogProbFunctionBackward"
 # A clean ΣJ reaches the head in a few dozen ops; more means another path into the model.
@@ -50,14 +51,25 @@ def _head_node(objectives: Any) -> Any:
     return found
 
 
-def head_start(objectives: Any) -> tuple[Any, Any] | None:
-    """(hidden, ∂ΣJ/∂hidden) at the input of TRL's fused LM head, or None (see the module
-    docstring)."""
+class _Saved(NamedTuple):
+    """What TRL's fused head function saved for its backward, and its kernel arguments."""
+
+    hidden: Any
+    weight: Any
+    bias: Any
+    targets: Any
+    log_z: Any
+    scale: float
+    inv_t: float
+    softcap: float | None
+    compute: Any
+
+
+def _saved(node: Any) -> _Saved | None:
+    """The head node's saved tensors and arguments, or None in another layout than the one
+    this module reads."""
     import torch
 
-    node = _head_node(objectives)
-    if node is None:
-        return None
     try:
         hidden, weight, bias, targets, log_z = node.saved_tensors[:5]
         args = node.kernel_args
@@ -65,13 +77,56 @@ def head_start(objectives: Any) -> tuple[Any, Any] | None:
         softcap = float(args["softcap"]) if args["HAS_SOFTCAP"] else None
         compute = node.compute_dtype
     except (AttributeError, KeyError, TypeError, ValueError, RuntimeError):
-        return None  # another layout than the one this reads: TRL's own backward runs
+        return None
     floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
     if compute not in floats or hidden.dtype not in floats or weight.dtype not in floats \
             or hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1] \
-            or targets.shape != (hidden.shape[0],) or log_z.shape != targets.shape \
-            or not hidden.requires_grad:
+            or targets.shape != (hidden.shape[0],) or log_z.shape != targets.shape:
         return None
+    return _Saved(hidden, weight, bias, targets, log_z, scale, inv_t, softcap, compute)
+
+
+def _tiles(saved: _Saved, grad: Any) -> Iterator[tuple[slice, Any, Any, Any]]:
+    """Per tile of rows: (rows, z, lse, dz), as TRL's backward computes them: logits z in
+    the compute dtype, their statistics and the gradient dz at the logits of g·log p in
+    float32 (``grad`` = g, the gradient at the log-probabilities)."""
+    import torch
+
+    acc = torch.float32
+    w = saved.weight.detach().to(saved.compute)
+    b = None if saved.bias is None else saved.bias.detach().to(saved.compute)
+    h = saved.hidden.detach()
+    step = max(1, WORKSPACE // max(1, int(w.shape[0])))
+    for first in range(0, int(h.shape[0]), step):
+        rows = slice(first, first + step)
+        tile = h[rows].to(saved.compute) @ w.T
+        if b is not None:
+            tile = tile + b
+        y = tile.to(acc) * saved.scale
+        t = None
+        if saved.softcap is not None:  # TRL's soft cap: softcap · tanh(y / softcap)
+            t = torch.tanh(y / saved.softcap)
+            y = saved.softcap * t
+        z = y * saved.inv_t
+        lse = torch.logsumexp(z, dim=1)
+        g = grad[rows].to(acc).unsqueeze(1)
+        dz = torch.exp(z - lse.unsqueeze(1)).mul_(-g)
+        dz.scatter_add_(1, saved.targets[rows].unsqueeze(1), g)  # d log p / dz = onehot − p
+        dz.mul_(saved.inv_t * saved.scale)
+        if t is not None:
+            dz.mul_(1 - t * t)
+        yield rows, z, lse, dz
+
+
+def head_start(objectives: Any) -> tuple[Any, Any] | None:
+    """(hidden, ∂ΣJ/∂hidden) at the input of TRL's fused LM head, or None (see the module
+    docstring)."""
+    import torch
+
+    node = _head_node(objectives)
+    saved = None if node is None else _saved(node)
+    if saved is None or not saved.hidden.requires_grad:
+        return None  # TRL's own backward runs
     try:  # the gradient at the head's output alone (an older torch takes no GradientEdge)
         from torch.autograd.graph import GradientEdge
 
@@ -79,43 +134,46 @@ def head_start(objectives: Any) -> tuple[Any, Any] | None:
                                       retain_graph=True)
     except (ImportError, TypeError):
         return None
-    # As TRL's backward: logits in the compute dtype, their statistics and gradient in
-    # float32, that gradient rounded to the compute dtype, its product accumulated in float32.
+    # As TRL's backward: that gradient rounded to the compute dtype, its product with the
+    # weight accumulated in float32.
     acc = torch.float32
-    tol = max(1e-4, 4 * torch.finfo(compute).eps)
-    w = weight.detach().to(compute)
-    b = None if bias is None else bias.detach().to(compute)
-    w_acc = w.to(acc)
-    h = hidden.detach()
+    tol = max(1e-4, 4 * torch.finfo(saved.compute).eps)
+    w_acc = saved.weight.detach().to(saved.compute).to(acc)
+    h, log_z = saved.hidden, saved.log_z
     out = torch.empty(h.shape, dtype=acc, device=h.device)
     terms = torch.empty(h.shape[0], dtype=acc, device=h.device)  # g · log p per token
     error = torch.empty(h.shape[0], dtype=acc, device=h.device)  # |log Z − TRL's log Z|
-    step = max(1, WORKSPACE // max(1, int(w.shape[0])))
     with torch.autocast(h.device.type, enabled=False):
-        for first in range(0, int(h.shape[0]), step):
-            rows = slice(first, first + step)
-            tile = h[rows].to(compute) @ w.T
-            if b is not None:
-                tile = tile + b
-            y = tile.to(acc) * scale
-            t = None
-            if softcap is not None:  # TRL's soft cap: softcap · tanh(y / softcap)
-                t = torch.tanh(y / softcap)
-                y = softcap * t
-            z = y * inv_t
-            lse = torch.logsumexp(z, dim=1)
+        for rows, z, lse, dz in _tiles(saved, grad):
             error[rows] = (lse - log_z[rows]).abs_()
-            g = grad[rows].to(acc).unsqueeze(1)
-            target = targets[rows].unsqueeze(1)
-            terms[rows] = (z.gather(1, target) - lse.unsqueeze(1)).mul_(g).squeeze(1)
-            dz = torch.exp(z - lse.unsqueeze(1)).mul_(-g)
-            dz.scatter_add_(1, target, g)  # d log p_target / dz = onehot − p
-            dz.mul_(inv_t * scale)
-            if t is not None:
-                dz.mul_(1 - t * t)
-            out[rows] = dz.to(compute).to(acc) @ w_acc
+            terms[rows] = (z.gather(1, saved.targets[rows].unsqueeze(1)).squeeze(1) - lse) \
+                * grad[rows].to(acc)
+            out[rows] = dz.to(saved.compute).to(acc) @ w_acc
     total = objectives.detach().sum().to(acc)
     if not (bool((error <= tol * (1 + log_z.abs())).all())
             and abs(float(terms.sum() - total)) <= tol * float(terms.abs().sum() + total.abs())):
         return None
-    return hidden, out.to(hidden.dtype)
+    return h, out.to(h.dtype)
+
+
+def head_parameter_gradients(node: Any, grad: Any) -> tuple[Any, Any] | None:
+    """(∂/∂weight, ∂/∂bias or None) of g·log p through TRL's fused head ``node``, for the
+    gradient ``grad`` = g at its log-probabilities, as TRL's backward computes them but
+    without the gradient at the hidden states; None in a layout this module does not read."""
+    import torch
+
+    saved = _saved(node)
+    if saved is None:
+        return None
+    acc = torch.float32
+    h = saved.hidden.detach()
+    weight = torch.zeros(saved.weight.shape, dtype=acc, device=h.device)
+    bias = None if saved.bias is None else torch.zeros(saved.bias.shape, dtype=acc,
+                                                        device=h.device)
+    with torch.autocast(h.device.type, enabled=False):
+        for rows, _, _, dz in _tiles(saved, grad):
+            dz = dz.to(saved.compute).to(acc)
+            weight.addmm_(dz.T, h[rows].to(saved.compute).to(acc))
+            if bias is not None:
+                bias += dz.sum(dim=0)
+    return weight, bias

@@ -40,39 +40,62 @@ class Plan(NamedTuple):
     trainable: dict[int, Any]  # id -> trainable parameter
     covered: set[int]  # the trainable parameters of the recorded layers
     uses: dict[int, int]  # id -> edges of the graph into it (one per use)
-    nodes: list[tuple[Any, list[tuple[int, Any]]]]  # nodes using uncovered parameters, slots
-    edges: list[Any]  # a GradientEdge per output of each of those nodes, in order
+    # the nodes using the other trainable parameters: (node, [(slot, parameter)], whether
+    # the node is above the Gram pass's start, and gets L's own gradient)
+    nodes: list[tuple[Any, list[tuple[int, Any]], bool]]
+    below: list[Any]  # a GradientEdge per output of each node below the start, in order
+    above: list[Any]  # the same for the nodes above it
 
 
 def _reaches_parameters(root: Any, stop: Any) -> bool:
     """Whether the graph of ``root`` reaches a leaf that needs a gradient other than
     through the node ``stop`` (or is too large to tell)."""
+    return _above(root, stop, leaves=False) is None
+
+
+def _above(root: Any, stop: Any, *, leaves: bool) -> set[int] | None:
+    """The nodes of ``root``'s graph reached other than through ``stop``, or None if they
+    are more than a loss takes, or (``leaves`` False) include a leaf needing a gradient."""
     stack, seen = [root], {id(stop)}
     while stack:
         fn = stack.pop()
         if fn is None or id(fn) in seen:
             continue
         seen.add(id(fn))
-        if len(seen) > MAX_LOSS_NODES or type(fn).__name__ == "AccumulateGrad":
-            return True
+        if len(seen) > MAX_LOSS_NODES:
+            return None
+        if type(fn).__name__ == "AccumulateGrad":
+            if not leaves:
+                return None
+            continue
         stack.extend(nxt for nxt, _ in fn.next_functions)
-    return False
+    return seen - {id(stop)}
 
 
-def prepare(logps: Any, parameters: Iterable[Any], capture: Any) -> Plan | None:
-    """Walk the graph below the log-probabilities, before the Gram's backward pass: the
-    uses of every trainable parameter, and the nodes through which the parameters outside
-    the capture's recorded layers are used.  None where no plan can hold (the capture's
-    batch axis is not the first)."""
+def prepare(logps: Any, parameters: Iterable[Any], capture: Any, start: Any = None
+            ) -> Plan | None:
+    """Walk the graph below the log-probabilities, before the Gram's backward pass (which
+    starts at the tensor ``start``, or at ΣJ when None): the uses of every trainable
+    parameter, and the nodes through which the parameters outside the capture's recorded
+    layers are used.  None where no plan can hold: the capture's batch axis is not the
+    first, or a node below the start, using such a parameter, has an output whose first axis
+    is not the responses (λ could not be placed on its gradient)."""
     from torch.autograd.graph import GradientEdge
 
     if logps.grad_fn is None or capture._batch_dim != 0 or capture._records is None:
         return None
+    n = int(logps.shape[0])
+    above: set[int] = set()
+    if start is not None and start.grad_fn is not None:
+        found = _above(logps.grad_fn, start.grad_fn, leaves=True)
+        if found is None:
+            return None
+        above = found
     trainable = {id(p): p for p in parameters if p.requires_grad}
     covered = {id(p) for layer, records in zip(capture._layers, capture._records, strict=True)
                if records for p in layer.parameters()} & trainable.keys()
     uses = dict.fromkeys(trainable, 0)
-    users: dict[int, tuple[Any, list[tuple[int, Any]]]] = {}
+    users: dict[int, tuple[Any, list[tuple[int, Any]], bool]] = {}
     # node -> what an edge into it is: a use of the parameter with this id, -1 (a leaf
     # that is no trainable parameter) or 0 (an op, walked once)
     kinds: dict[int, int] = {id(logps.grad_fn): 0}
@@ -93,13 +116,24 @@ def prepare(logps: Any, parameters: Iterable[Any], capture: Any) -> Plan | None:
                 kinds[id(nxt)] = kind
                 if kind == 0:
                     stack.append(nxt)
-            if kind > 0:
-                uses[kind] += 1
-                if kind not in covered:
-                    users.setdefault(id(fn), (fn, []))[1].append((slot, trainable[kind]))
+            if kind <= 0:
+                continue
+            uses[kind] += 1
+            if kind in covered:
+                continue
+            exact = id(fn) in above
+            if not exact and not all(len(meta.shape) >= 3 and meta.shape[0] == n
+                                     for meta in fn._input_metadata):
+                return None
+            users.setdefault(id(fn), (fn, [], exact))[1].append((slot, trainable[kind]))
     nodes = list(users.values())
-    edges = [GradientEdge(fn, j) for fn, _ in nodes for j in range(len(fn._input_metadata))]
-    return Plan(trainable, covered, uses, nodes, edges)
+    edges = [[GradientEdge(fn, j) for j in range(len(fn._input_metadata))]
+             for fn, _, _ in nodes]
+    return Plan(trainable, covered, uses, nodes,
+                [e for (_, _, exact), es in zip(nodes, edges, strict=True) if not exact
+                 for e in es],
+                [e for (_, _, exact), es in zip(nodes, edges, strict=True) if exact
+                 for e in es])
 
 
 @cache
@@ -141,31 +175,35 @@ def _scales(loss: Any, logps: Any, objectives: Any, above: list[Any]
     return scales, list(grads[1:])
 
 
-def _node_gradients(plan: Plan, found: list[Any], scales: Any
-                    ) -> list[tuple[Any, Any]] | None:
+def _node_gradients(plan: Plan, below: list[Any], above: list[Any], scales: Any
+                    ) -> list[tuple[Any, Any]]:
     """Each uncovered parameter's gradient, from the backward of each node using it at the
-    gradient of L reaching the node: λ times what the Gram's pass ``found`` (rows of
-    responses first), or L's own gradient where the pass could not reach the node."""
+    gradient of L reaching the node: λ times what the Gram's pass found ``below`` its start
+    (rows of responses first), L's own gradient ``above`` it."""
     import torch
 
+    from advcal.integrations._fused_head import NODE, head_parameter_gradients
+
     n = int(scales.shape[0])
+    found = {False: iter(below), True: iter(above)}
     out: list[tuple[Any, Any]] = []
-    position = 0
-    for fn, slots in plan.nodes:
+    for fn, slots, exact in plan.nodes:
         grads = []
         for meta in fn._input_metadata:
-            grad, exact = found[position]
-            position += 1
+            grad = next(found[exact])
             if grad is None:
                 grad = torch.zeros(tuple(meta.shape), dtype=meta.dtype, device=meta.device)
             elif not exact:
-                if grad.ndim < 3 or grad.shape[0] != n:
-                    return None  # not a batch of responses' rows: λ cannot be placed
                 grad = grad * scales.to(grad.dtype).reshape(n, *[1] * (grad.ndim - 1))
             grads.append(grad)
-        with torch.no_grad():  # (a Python node's apply may not run under grad mode)
-            result = fn.apply(*grads) if hasattr(fn, "apply") else fn(*grads)
-        result = result if isinstance(result, tuple) else (result,)
+        result: tuple[Any, ...] | None = None
+        if type(fn).__name__ == NODE:  # TRL's fused head: its weight's part, without its
+            head = head_parameter_gradients(fn, grads[0])  # backward's other work
+            result = None if head is None else (None, *head)
+        if result is None:
+            with torch.no_grad():  # (a Python node's apply may not run under grad mode)
+                result = fn.apply(*grads) if hasattr(fn, "apply") else fn(*grads)
+            result = result if isinstance(result, tuple) else (result,)
         out.extend((param, result[slot].to(param.dtype)) for slot, param in slots)
     return out
 
@@ -178,11 +216,11 @@ def single_backward(loss: Any, logps: Any, objectives: Any, capture: Any, plan: 
 
     ``logps`` are the log-probabilities ``objectives`` (the J_i) were computed from, and
     ``capture`` a :class:`advcal.torch.GradientCapture` whose ``_gram`` ran with ``keep``
-    and the ``plan``'s edges."""
+    and the ``plan``'s edges below its start."""
     import torch
 
-    kept, extra, capture._extra = capture._kept, capture._extra, None
-    if kept is None or extra is None or loss.grad_fn is None:
+    kept, below, capture._extra = capture._kept, capture._extra, None
+    if kept is None or below is None or loss.grad_fn is None:
         return None
     calls = dict.fromkeys(plan.trainable, 0)  # recorded calls that use each parameter
     for layer, pairs in zip(capture._layers, kept, strict=True):
@@ -193,19 +231,14 @@ def single_backward(loss: Any, logps: Any, objectives: Any, capture: Any, plan: 
     if any(calls[key] != plan.uses[key] for key in plan.covered) \
             or _reaches_parameters(loss.grad_fn, logps.grad_fn):
         return None
-    above = [edge for edge, grad in zip(plan.edges, extra, strict=True) if grad is None]
     with torch.autocast(logps.device.type, enabled=False):
-        checked = _scales(loss, logps, objectives, above)
+        checked = _scales(loss, logps, objectives, plan.above)
         if checked is None:
             return None
-        scales, exact = checked
-        exact_iter = iter(exact)
-        found = [(next(exact_iter), True) if grad is None else (grad, False) for grad in extra]
-        uncovered = _node_gradients(plan, found, scales)
-        if uncovered is None:
-            return None
+        scales, above = checked
         grads: dict[int, tuple[Any, Any]] = {}
-        for param, grad in capture._weight_gradients(scales) + uncovered:
+        for param, grad in capture._weight_gradients(scales) + _node_gradients(
+                plan, below, above, scales):
             if id(param) in grads:
                 grad = grads[id(param)][1] + grad
             grads[id(param)] = (param, grad)

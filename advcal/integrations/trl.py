@@ -254,10 +254,10 @@ class AdvcalGRPOMixin:
         ``requires_grad`` of its linear layers change.
     gram_single_backward : bool, default True
         For ``"setgrpo"``: where the Gram's backward pass already holds the step's gradient
-        (the optimiser trains the covered layers alone, as with LoRA adapters; the loss is
-        TRL's at the current policy; the model is not wrapped), write that gradient from it
-        and skip TRL's backward pass.  Every condition is checked at each step; where one
-        fails, TRL's backward runs as usual.
+        (the loss is TRL's at the current policy, the model is not wrapped, and every
+        trained linear layer is covered), write that gradient from it and skip TRL's
+        backward pass.  Every condition is checked at each step; where one fails, TRL's
+        backward runs as usual.
 
     Notes
     -----
@@ -477,12 +477,14 @@ class AdvcalGRPOMixin:
                                  [groups.size]))
         # The backward starts below TRL's fused LM head where that gives the same K.  Its δ
         # are kept where they may stand in for the trainer's backward.
+        start = head_start(objectives)
         plan = None
         if self._advcal_reuse is not None:  # the model's parameters (set by _compute_loss)
-            plan = prepare(per_token_logps, self._advcal_reuse, capture)
-        gram = capture._gram(objectives, head_start(objectives), None,
+            plan = prepare(per_token_logps, self._advcal_reuse, capture,
+                           None if start is None else start[0])
+        gram = capture._gram(objectives, start, None,
                              GroupIndex(bounds, order, ordered[bounds[:-1]]), None, "numpy",
-                             plan is not None, None if plan is None else plan.edges)
+                             plan is not None, None if plan is None else plan.below)
         self._advcal_reuse = None if plan is None else (per_token_logps, objectives, plan)
         sizes = np.diff(bounds)
         if not np.isnan(rewards).any():
