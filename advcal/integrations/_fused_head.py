@@ -11,6 +11,10 @@ It does so only where the result is the same: ΣJ reaches the model through the 
 log-probabilities alone, the function saved what this module reads, and the log-normalisers
 and ΣJ recomputed here match the function's.  Otherwise it returns None, and the Gram's
 backward runs through TRL's function as through any other op.
+
+Where that pass stands in for the trainer's backward, :func:`head_parameter_gradients`
+gives the head's weight (and bias) gradient from the same tiles, without the gradient at
+the hidden states that TRL's backward would also form.
 """
 
 from __future__ import annotations
