@@ -5,10 +5,13 @@ loss's own gradient; where one fails, it returns None and writes nothing."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
+from advcal._torch_gram import LOSS_TYPES  # noqa: E402
 from advcal.integrations._single_backward import prepare, single_backward  # noqa: E402
 from advcal.torch import GradientCapture, response_objectives  # noqa: E402
 from tests.test_gram import (  # noqa: E402, F401 (one_thread: the tiny models' autouse fixture)
@@ -41,7 +44,7 @@ def _grpo_loss(logps, mask, advantages, epsilon=0.2):
     return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
 
 
-def _forward(model, batch, keep, autocast):
+def _forward(model, batch, keep, autocast, loss_type="grpo"):
     ids, attention, completion = batch
     with GradientCapture(model) as capture, \
             torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -49,18 +52,21 @@ def _forward(model, batch, keep, autocast):
         logits = logits.float() if autocast else logits  # as TRL: log p in float32
         logps = torch.log_softmax(logits[:, :-1], dim=-1).gather(
             -1, ids[:, 1:, None])[..., 0]
-        objectives = response_objectives(logps, completion)
+        objectives = response_objectives(logps, completion, loss_type=loss_type)
     plan = prepare(logps, model.parameters(), capture)
     keep = keep and plan is not None  # (None: no plan can hold)
     capture._gram(objectives, None, None, None, G, "numpy", keep, plan.below if keep else None)
     return capture, logps, objectives, completion.to(logps.dtype), plan
 
 
-def _case(model, *, vocab=11, keep=True, autocast=False, loss_of=None):
+def _case(model, *, vocab=11, keep=True, autocast=False, loss_of=None, loss_type="grpo",
+          seed=1, advantages=None):
     """(loss, what single_backward returns for it): by default TRL's GRPO loss."""
-    capture, logps, objectives, mask, plan = _forward(model, make_batch(N, vocab=vocab), keep,
-                                                      autocast)
-    advantages = torch.linspace(-1.0, 1.5, N, dtype=logps.dtype)
+    capture, logps, objectives, mask, plan = _forward(
+        model, make_batch(N, vocab=vocab, seed=seed), keep, autocast, loss_type)
+    if advantages is None:
+        advantages = torch.linspace(-1.0, 1.5, N)
+    advantages = torch.as_tensor(advantages, dtype=logps.dtype)
     loss = _grpo_loss(logps, mask, advantages) if loss_of is None else \
         loss_of(logps, mask, advantages)
     return loss, None if plan is None else single_backward(loss, logps, objectives, capture,
@@ -86,6 +92,17 @@ def _check(model, loss, single, tol, scale=1.0):
 def test_the_gradient_is_the_losss_own(kind, tol) -> None:
     model = _linear_only(make_model(kind))
     _check(model, *_case(model, vocab=VOCAB[kind]), tol)
+
+
+@given(kind=st.sampled_from(["lora", "mlp"]), loss_type=st.sampled_from(LOSS_TYPES),
+       seed=st.integers(0, 2**16),
+       advantages=st.lists(st.sampled_from([-1.5, -0.25, 0.0, 0.5, 2.0]), min_size=N,
+                           max_size=N))
+def test_property_the_gradient_is_the_losss_own(kind, loss_type, seed, advantages) -> None:
+    # Any masks, any objectives' normalisation (the loss keeps TRL's GRPO one: the two
+    # differ by a factor per response), any coefficients, zeros included.
+    model = make_model(kind, seed=seed % 7)
+    _check(model, *_case(model, loss_type=loss_type, seed=seed, advantages=advantages), 1e-9)
 
 
 def test_a_scaled_backward_scales_the_gradient() -> None:
