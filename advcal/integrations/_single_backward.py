@@ -80,8 +80,10 @@ def prepare(logps: Any, parameters: Iterable[Any], capture: Any, start: Any = No
     layers are used.  None where no plan can hold: the capture's batch axis is not the
     first, or a node below the start, using such a parameter, has an output whose first axis
     is not the responses (λ could not be placed on its gradient)."""
-    from torch.autograd.graph import GradientEdge
-
+    try:  # (an older torch has no GradientEdge)
+        from torch.autograd.graph import GradientEdge
+    except ImportError:
+        return None
     if logps.grad_fn is None or capture._batch_dim != 0 or capture._records is None:
         return None
     n = int(logps.shape[0])
@@ -122,8 +124,9 @@ def prepare(logps: Any, parameters: Iterable[Any], capture: Any, start: Any = No
             if kind in covered:
                 continue
             exact = id(fn) in above
-            if not exact and not all(len(meta.shape) >= 3 and meta.shape[0] == n
-                                     for meta in fn._input_metadata):
+            outputs = getattr(fn, "_input_metadata", None)  # (the shapes of fn's outputs)
+            if outputs is None or not exact and not all(
+                    len(meta.shape) >= 3 and meta.shape[0] == n for meta in outputs):
                 return None
             users.setdefault(id(fn), (fn, [], exact))[1].append((slot, trainable[kind]))
     nodes = list(users.values())
