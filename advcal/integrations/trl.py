@@ -419,9 +419,11 @@ class AdvcalGRPOMixin:
         capture = GradientCapture(unwrapped[1], selection,
                                   sketch_dim=settings.sketch_dim, seed=settings.seed)
         # The Gram's backward may stand in for TRL's on an unwrapped model (DDP, FSDP and
-        # DeepSpeed hook the backward).  The selection's modules are the model's: it checked
-        # that they had not changed.
-        single = settings.single_backward and unwrapped[0] is unwrapped[1]
+        # DeepSpeed hook the backward) whose trained linear layers it covers (another one's
+        # weight reaches the loss through a transpose, which has no rows of responses).  The
+        # selection's modules are the model's: it checked that they had not changed.
+        single = settings.single_backward and unwrapped[0] is unwrapped[1] \
+            and selection.covers_trained_linear()
         with capture:
             self._advcal_capture = capture
             self._advcal_inputs = inputs
