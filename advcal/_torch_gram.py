@@ -213,12 +213,12 @@ class _Selection:
         self._linear = [m for m in self.modules if isinstance(m, types)]
         self._flags = [_trainable(m) for m in self._linear]
 
-    def covers_trained_linear(self) -> bool:
-        """Whether every linear layer with a trainable parameter is selected (as of the
-        resolution: ``current`` says whether that still holds)."""
+    def covers_trained_linear(self, exempt: Any = None) -> bool:
+        """Whether every linear layer with a trainable parameter, but ``exempt``, is selected
+        (as of the resolution: ``current`` says whether that still holds)."""
         selected = {id(layer.module) for layer in self.layers}
-        return all(id(m) in selected for m, flags in zip(self._linear, self._flags, strict=True)
-                   if any(flags))
+        return all(id(m) in selected or m is exempt
+                   for m, flags in zip(self._linear, self._flags, strict=True) if any(flags))
 
     def current(self) -> bool:
         """Whether resolving ``layers`` in the model now would select the same layers."""

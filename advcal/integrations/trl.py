@@ -228,6 +228,25 @@ def _grouped(rewards: np.ndarray, estimator: str, options: dict[str, Any]
     return scaled, np.full(n_groups, group_size >= 2)
 
 
+def _head(model: Any) -> Any:
+    """The model's LM head module, or None."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    return get_head() if callable(get_head) else None
+
+
+def _default_layers(model: Any) -> Any:
+    """``gram_layers=None``: every linear layer but the LM head.  TRL's fused head reads its
+    weight without calling it (no hook would see it); an older TRL calls it, then divides
+    its output by the temperature in place (the recorded output is then not the one the
+    gradient flows through)."""
+    head = _head(model)
+
+    def select(name: str, module: Any) -> bool:
+        return module is not head
+
+    return select
+
+
 class AdvcalGRPOMixin:
     """Put advcal's advantages into a TRL ``GRPOTrainer`` (mix in before ``GRPOTrainer``).
 
@@ -249,9 +268,12 @@ class AdvcalGRPOMixin:
         SetGRPO's threshold (required by ``"setgrpo"``).
     gram_layers, gram_sketch_dim, gram_seed
         :class:`advcal.torch.GradientCapture`'s ``layers``, ``sketch_dim`` and ``seed``
-        for ``"setgrpo"``.  The layers are resolved at the first loss and reused (a
-        predicate is asked then), and resolved again when the model's modules or the
-        ``requires_grad`` of its linear layers change.
+        for ``"setgrpo"``; ``gram_layers=None`` selects every linear layer but the LM head
+        (TRL's fused head reads its weight without calling it; an older TRL calls it, then
+        divides its output in place, so no hook records what the gradient flows through).  The
+        layers are resolved at the first loss and reused (a predicate is asked then), and
+        resolved again when the model's modules or the ``requires_grad`` of its linear
+        layers change.
     gram_single_backward : bool, default True
         For ``"setgrpo"``: where the Gram's backward pass already holds the step's gradient
         (the loss is TRL's at the current policy, the model is not wrapped, and every
@@ -414,7 +436,8 @@ class AdvcalGRPOMixin:
         # requires_grad change.
         selection = getattr(self, "_advcal_selection", None)
         if selection is None or selection.model is not unwrapped[1] or not selection.current():
-            selection = _Selection(unwrapped[1], settings.layers)
+            selection = _Selection(unwrapped[1], _default_layers(unwrapped[1])
+                                   if settings.layers is None else settings.layers)
             self._advcal_selection = selection
         capture = GradientCapture(unwrapped[1], selection,
                                   sketch_dim=settings.sketch_dim, seed=settings.seed)
@@ -423,7 +446,7 @@ class AdvcalGRPOMixin:
         # weight reaches the loss through a transpose, which has no rows of responses).  The
         # selection's modules are the model's: it checked that they had not changed.
         single = settings.single_backward and unwrapped[0] is unwrapped[1] \
-            and selection.covers_trained_linear()
+            and selection.covers_trained_linear(exempt=_head(unwrapped[1]))
         with capture:
             self._advcal_capture = capture
             self._advcal_inputs = inputs
