@@ -49,14 +49,20 @@ KINDS = [dict(), dict(temperature=0.7), dict(softcap=2.0, scale=1.7), dict(bias=
          dict(temperature=0.5, softcap=1.5, scale=0.8, bias=True)]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_the_head_gradient_is_trls_own(kind, dtype) -> None:
+def _policy_logps(kind, dtype):
+    """A seeded policy of ``kind`` (head options, bias) and its log-probabilities and mask."""
     torch.manual_seed(1)
     kind = dict(kind)
     model = _Policy(kind.pop("bias", False)).to(dtype)
     ids, targets, mask = _batch()
     logps, _ = model(ids, targets, **kind)
+    return model, logps, mask
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_head_gradient_is_trls_own(kind, dtype) -> None:
+    _, logps, mask = _policy_logps(kind, dtype)
     objectives = response_objectives(logps, mask)
     start = head_start(objectives)
     assert start is not None
@@ -144,11 +150,7 @@ def test_saved_values_it_cannot_reproduce_fall_back() -> None:
 def test_the_head_parameter_gradients_are_trls_own(kind, dtype) -> None:
     # For the single backward: the head's weight and bias gradients for a given gradient at
     # its log-probabilities, from its own tiles, equal those of TRL's backward.
-    torch.manual_seed(1)
-    kind = dict(kind)
-    model = _Policy(kind.pop("bias", False)).to(dtype)
-    ids, targets, _ = _batch()
-    logps, _ = model(ids, targets, **kind)
+    model, logps, _ = _policy_logps(kind, dtype)
     node = logps.grad_fn.next_functions[0][0]  # (logps is a view of the head's output)
     assert type(node).__name__ == "ChunkedLogProbFunctionBackward"
     grad = torch.randn(N, T, dtype=logps.dtype, generator=torch.Generator().manual_seed(2))
