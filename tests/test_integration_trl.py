@@ -327,7 +327,7 @@ def _setgrpo_state(calibration, parent: type = object, **settings):
     state._advcal = _settings_iv("setgrpo", None, calibration, TAU, settings.get("layers"),
                                  None, 0, False)
     state.loss_type, state.max_completion_length = "grpo", 3
-    state._advcal_reuse = None  # (no single backward: set by _compute_loss)
+    state._advcal_parameters = None  # (no single backward: set by _compute_loss)
     state.accelerator = types.SimpleNamespace(num_processes=1, unwrap_model=lambda m: m)
     state._metrics = {"train": collections.defaultdict(list)}
     return state

@@ -309,9 +309,10 @@ class AdvcalGRPOMixin:
         self._advcal_rewards_per_func: torch.Tensor | None = None
         self._advcal_capture: Any = None
         self._advcal_inputs: dict[str, Any] | None = None
-        # for the single backward: the model's parameters, then (log-probabilities, J, plan);
-        # None: not wanted
-        self._advcal_reuse: Any = None
+        # The single backward: the model's parameters when it is wanted (set by _compute_loss),
+        # then (log-probabilities, J, plan) once the Gram has planned for it.
+        self._advcal_parameters: list[Any] | None = None
+        self._advcal_reuse: tuple[Any, Any, Any] | None = None
         # TRL's own advantages of the last batch, kept for comparison and tests.
         self.trl_advantages: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
@@ -450,16 +451,19 @@ class AdvcalGRPOMixin:
         with capture:
             self._advcal_capture = capture
             self._advcal_inputs = inputs
-            self._advcal_reuse = [p for module in selection.modules
-                                  for p in module.parameters(recurse=False)] if single else None
+            self._advcal_parameters = [p for module in selection.modules
+                                       for p in module.parameters(recurse=False)] \
+                if single else None
+            self._advcal_reuse = None
             try:
                 loss = super()._compute_loss(model, inputs)  # type: ignore[misc]
             finally:
                 self._advcal_capture = None
                 self._advcal_inputs = None
+                self._advcal_parameters = None
                 reuse, self._advcal_reuse = self._advcal_reuse, None
         out = None
-        if isinstance(reuse, tuple):  # the Gram ran and planned for it
+        if reuse is not None:  # the Gram ran and planned for it
             logps, objectives, plan = reuse
             out = single_backward(loss, logps, objectives, capture, plan)
         single, loss = out is not None, loss if out is None else out
@@ -504,8 +508,8 @@ class AdvcalGRPOMixin:
         # are kept where they may stand in for the trainer's backward.
         start = head_start(objectives)
         plan = None
-        if self._advcal_reuse is not None:  # the model's parameters (set by _compute_loss)
-            plan = prepare(per_token_logps, self._advcal_reuse, capture,
+        if self._advcal_parameters is not None:
+            plan = prepare(per_token_logps, self._advcal_parameters, capture,
                            None if start is None else start[0])
         gram = capture._gram(objectives, start, None,
                              GroupIndex(bounds, order, ordered[bounds[:-1]]), None, "numpy",
