@@ -371,39 +371,41 @@ def test_chunks_on_threads_equal_one_chunk_bitwise(seed: int, sizes: list[int],
     assert_bitwise_equal(chunked, recovery_numba.recover_groups(*args, threaded=False))
 
 
-def _tridiagonalized_in_one_buffer(h0: np.ndarray, gap: int, order: str) -> bytes:
-    """``_tridiagonalize`` of h0 with its matrices h, vs and vector p cut from one buffer in
-    ``order``, ``gap`` elements apart: the bytes of everything it computes."""
+def _solved_in_one_buffer(h0: np.ndarray, gap: int, order: str) -> bytes:
+    """``_shifted_solve`` on h0 with its matrices h, low and vectors rhs, y, w cut from one
+    buffer in ``order``, ``gap`` elements apart: the bytes of everything it computes."""
     from advcal._kernels import recovery_numba
 
     n = h0.shape[0]
-    sizes = {"h": n * n, "vs": n * n, "p": n}
-    buffer = np.zeros(sum(sizes.values()) + 2 * gap)
+    sizes = {"h": n * n, "low": n * n, "rhs": n, "y": n, "w": n}
+    buffer = np.zeros(sum(sizes.values()) + 4 * gap)
     parts = {}
     start = 0
     for name in order.split():
         parts[name] = buffer[start:start + sizes[name]]
         start += sizes[name] + gap
-    h, vs, p = parts["h"].reshape(n, n), parts["vs"].reshape(n, n), parts["p"]
+    h, low = parts["h"].reshape(n, n), parts["low"].reshape(n, n)
     h[:] = h0
-    diag, off = np.zeros(n), np.zeros(n)
-    recovery_numba._tridiagonalize(h, n, vs, diag, off, p)
-    return diag.tobytes() + off.tobytes() + vs.tobytes() + h.tobytes()
+    parts["rhs"][:] = np.arange(1.0, n + 1.0)
+    assert recovery_numba._shifted_solve(h, n, 1e-3, parts["rhs"], parts["y"], parts["w"],
+                                         low)
+    return buffer.tobytes()
 
 
 @pytest.mark.parametrize("n", [5, 9, 16, 24, 40])
-def test_tridiagonalization_does_not_depend_on_where_its_arrays_lie(n: int) -> None:
-    # Its update loop both sums (into s) and writes (to p).  LLVM may guard such a loop by
-    # a run-time overlap check whose scalar and vector copies sum in different orders, so
-    # that results depend on where the arrays lie (it happened in maxnorm_numba).  The
-    # kernel's scratch comes from the allocator: here the arrays lie next to each other at
-    # gaps of up to a few vector widths, and far apart.
+def test_shifted_solve_does_not_depend_on_where_its_arrays_lie(n: int) -> None:
+    # LLVM may guard a loop that reads one array and writes another by a run-time overlap
+    # check whose scalar and vector copies sum in different orders, so that results depend
+    # on where the arrays lie (it happened in maxnorm_numba).  The kernel's scratch comes
+    # from the allocator: here the arrays lie next to each other at gaps of up to a few
+    # vector widths, and far apart.
     m = np.random.default_rng(n).standard_normal((n, n))
     h0 = m @ m.T
-    for order in ("h vs p", "h p vs", "p h vs"):
-        far = _tridiagonalized_in_one_buffer(h0, 1000, order)
+    for order in ("h low rhs y w", "w y rhs low h", "rhs h w low y"):
+        far = np.frombuffer(_solved_in_one_buffer(h0, 1000, order), dtype=np.float64)
         for gap in (0, 1, 2, 3, 5, 8, 16, 31):
-            assert _tridiagonalized_in_one_buffer(h0, gap, order) == far, (order, gap)
+            near = np.frombuffer(_solved_in_one_buffer(h0, gap, order), dtype=np.float64)
+            assert near[near != 0].tobytes() == far[far != 0].tobytes(), (order, gap)
 
 
 garbage_arrays = st.one_of(

@@ -8,29 +8,19 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import brentq, minimize_scalar
 
-from advcal._kernels.ggsr import (
-    GRAM_RTOL,
-    NOT_FINITE,
-    NOT_PSD,
-    NOT_SYMMETRIC,
-    OK,
-    OVERFLOW,
-    ZERO_CENTER_RTOL,
-    ZERO_UPDATE_RTOL,
-    recovery_outputs,
-)
+from advcal._kernels import ggsr
 
 
 def _gram_status(k: np.ndarray) -> tuple[int, float]:
     if not np.isfinite(k).all():
-        return NOT_FINITE, 0.0
+        return ggsr.NOT_FINITE, 0.0
     scale = max(float(np.max(np.diag(k))), 0.0)
-    tol = GRAM_RTOL * scale
+    tol = ggsr.GRAM_RTOL * scale
     if np.max(np.abs(k - k.T)) > tol:
-        return NOT_SYMMETRIC, scale
+        return ggsr.NOT_SYMMETRIC, scale
     if np.linalg.eigvalsh(0.5 * (k + k.T))[0] < -tol:
-        return NOT_PSD, scale
-    return OK, scale
+        return ggsr.NOT_PSD, scale
+    return ggsr.OK, scale
 
 
 def _anchor(c: np.ndarray, r: np.ndarray, k: np.ndarray, rho: float) -> np.ndarray:
@@ -113,7 +103,7 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference,
     """Reference of ``recovery_numba.recover_groups`` (same outputs)."""
     n_groups = offsets.size - 1
     n_taus = taus.size
-    status, anchors, eta, accepted, m_full, m_reward, ref0, ref1 = recovery_outputs(
+    status, anchors, eta, accepted, m_full, m_reward, ref0, ref1 = ggsr.recovery_outputs(
         centers, n_groups, n_taus)
     for q in range(n_groups):
         lo, hi = int(offsets[q]), int(offsets[q + 1])
@@ -124,26 +114,27 @@ def recover_groups(centers, offsets, root, gram, boffsets, rho, taus, reference,
         k = gram[base:base + n * n].reshape(n, n)
         st, scale = _gram_status(k)
         status[q] = st
-        if st != OK or n < 2:
+        if st != ggsr.OK or n < 2:
             continue
         r = root[base:base + n * n].reshape(n, n)
         c = centers[lo:hi]
         kref = k @ reference[lo:hi]
         ckc = float(c @ k @ c)
         cc = float(c @ c)
-        if cc == 0.0 or not ckc > ZERO_CENTER_RTOL * scale * cc:
+        if cc == 0.0 or not ckc > ggsr.ZERO_CENTER_RTOL * scale * cc:
             continue
         with np.errstate(over="ignore", invalid="ignore"):
             h = r @ k @ r
         if not np.isfinite(h).all():
-            status[q] = OVERFLOW
+            status[q] = ggsr.OVERFLOW
             continue
         a0 = _anchor(c, r, k, rho)
         anchors[lo:hi] = a0
         ref0[q] = a0 @ kref
         ref1[q] = (c - a0) @ kref
         aka = float(a0 @ k @ a0)
-        if not (aka > ZERO_UPDATE_RTOL * ckc and aka > ZERO_CENTER_RTOL * scale * float(a0 @ a0)):
+        if not (aka > ggsr.ZERO_UPDATE_RTOL * ckc
+                and aka > ggsr.ZERO_CENTER_RTOL * scale * float(a0 @ a0)):
             continue
         for t in range(n_taus):
             e = _eta_star(a0, c, r, k, rho, float(taus[t]), reward_condition, binary)
