@@ -347,7 +347,8 @@ def _whiten_batch(adv: np.ndarray, valid: np.ndarray | None, eps: float, ddof: i
 
 def _batch_std(call: _Call, ddof: int) -> float:
     """Standard deviation of every valid reward of the batch around the batch mean."""
-    count, mean, ss = call.engine.group_moments(call.batch.values, call.batch.offsets, call.omit)
+    count, mean, ss, _, _ = call.engine.group_statistics(call.batch.values, call.batch.offsets,
+                                                         0, call.omit)
     total = int(count.sum())
     if total <= ddof:
         return 0.0

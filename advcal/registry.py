@@ -218,7 +218,8 @@ def _group_spread(values: np.ndarray, offsets: np.ndarray, ddof: int, omit: bool
     """Count, std (``ddof``; 0 for a constant group) and gap of every group's rewards,
     NaN rewards left out with ``omit``: the per-group facts of the std and unit scale
     rules, from the point engine of ``backend``."""
-    return _Spread(*engine("point", backend).group_spread(values, offsets, ddof, omit))
+    count, _, _, std, gap = engine("point", backend).group_statistics(values, offsets, ddof, omit)
+    return _Spread(count, std, gap)
 
 
 @functools.cache

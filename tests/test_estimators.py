@@ -454,11 +454,8 @@ def test_chunks_on_threads_equal_one_chunk_bitwise(batch, mode, omit, raw):
                                              threaded=t)[0],
             "passk": lambda t: point_numba.passk(x, offsets, 1e-6, 1, raw, omit, np.inf,
                                                  threaded=t)[0],
-            "group_moments": lambda t: np.concatenate(
-                [np.asarray(a, dtype=float) for a in point_numba.group_moments(
-                    x, offsets, omit, threaded=t)]),
-            "group_spread": lambda t: np.concatenate(
-                [np.asarray(a, dtype=float) for a in point_numba.group_spread(
+            "group_statistics": lambda t: np.concatenate(
+                [np.asarray(a, dtype=float) for a in point_numba.group_statistics(
                     x, offsets, 1, omit, threaded=t)]),
         }
         for name, run in runs.items():

@@ -123,12 +123,13 @@ def test_engine_map_loads_every_family_and_backend():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("omit", [False, True])
-def test_spread_kernel_matches_the_oracle(dtype: type, omit: bool) -> None:
+def test_statistics_kernel_matches_the_oracle(dtype: type, omit: bool) -> None:
     rng = np.random.default_rng(int(omit))
     sizes = rng.integers(0, 9, 300)
     values = np.round(rng.uniform(-1, 1, sizes.sum()) * rng.choice([1, 3, 100], sizes.sum()))
     # magnitudes whose squares underflow or overflow (subnormals included)
     tiny, huge, sub = (1e-30, 1e30, 1e-44) if dtype == np.float32 else (1e-300, 1e300, 1e-320)
+    plain = values
     values = (values * rng.choice([1.0, tiny, huge, sub], sizes.sum())).astype(dtype)
     if omit:
         values[rng.uniform(size=values.size) < 0.3] = np.nan
@@ -140,6 +141,12 @@ def test_spread_kernel_matches_the_oracle(dtype: type, omit: bool) -> None:
         np.testing.assert_array_equal(fast.gap, slow.gap)
         # the kernel may round its rescaled sums in another order: a few ulps
         np.testing.assert_allclose(fast.std, slow.std, rtol=1e-14, atol=0)
+    # mean and sum of squares, on the rewards before the extreme scales (whose means cancel)
+    plain = np.where(np.isnan(values), np.nan, plain).astype(dtype)
+    fast_stats = engine("point", "numba").group_statistics(plain, offsets, 0, omit)
+    slow_stats = engine("point", "numpy").group_statistics(plain, offsets, 0, omit)
+    for got, want in zip(fast_stats, slow_stats, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_spread_by_hand(backend: str) -> None:

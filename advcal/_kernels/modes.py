@@ -14,5 +14,5 @@ FIXED = 3  # u / divisor, one divisor for the whole batch (batch_std, gpg)
 FASTMATH = frozenset({"reassoc", "nsz", "arcp", "contract"})
 
 # Deviations are rescaled to units of the group's largest one only outside these bounds,
-# where their squares could under- or overflow float64 (``group_spread``).
+# where their squares could under- or overflow float64 (``group_statistics``).
 TINY, HUGE = 2.0 ** -400, 2.0 ** 400

@@ -194,23 +194,19 @@ def _passk(offsets, x, eps, ddof, normalize, raw_singletons, omit_nan, limit, ou
     return n_bad
 
 
-def _statistics(offsets, count, shift, mean, ss, x, omit_nan):
-    for q in range(offsets.size - 1):
-        count[q], shift[q], mean[q], ss[q] = _moments(x[offsets[q]:offsets[q + 1]], omit_nan)
-
-
-def _spread(offsets, count, std, gap, x, ddof, omit_nan):
-    """Per group: valid rewards, std with ``ddof`` (0 for a constant group), whether they
-    differ."""
+def _statistics(offsets, count, mean, ss, std, gap, x, ddof, omit_nan):
+    """Per group: valid rewards, their mean and sum of squared deviations (as center_scale
+    takes them), std with ``ddof`` (0 for a constant group), whether they differ."""
     for q in range(offsets.size - 1):
         g = x[offsets[q]:offsets[q + 1]]
-        n, shift, mean, ss = _moments(g, omit_nan)
+        n, shift, m, s2 = _moments(g, omit_nan)
+        count[q], mean[q], ss[q] = n, shift + m, s2
         low = high = shift
         for i in range(g.size):
             if not (omit_nan and math.isnan(g[i])):
                 low = min(low, g[i])
                 high = max(high, g[i])
-        count[q], gap[q], std[q] = n, high != low, 0.0
+        gap[q], std[q] = high != low, 0.0
         if high == low:
             continue
         unit = 1.0
@@ -219,15 +215,14 @@ def _spread(offsets, count, std, gap, x, ddof, omit_nan):
             # near the largest |reward| (exact, and so is its reciprocal).
             power = math.frexp(max(abs(low), abs(high)))[1] - 1
             unit = math.ldexp(1.0, min(max(power, -1022), 1022))
-            n, _, mean, ss = _moments(g / unit, omit_nan)
-        std[q] = unit * math.sqrt(ss / max(n - ddof, 1))
+            n, _, _, s2 = _moments(g / unit, omit_nan)
+        std[q] = unit * math.sqrt(s2 / max(n - ddof, 1))
 
 
 _center_scale_kernel = compile_serial(_center_scale, FASTMATH)
 _opo_kernel = compile_serial(_opo, FASTMATH)
 _passk_kernel = compile_serial(_passk, FASTMATH)
 _statistics_kernel = compile_serial(_statistics, FASTMATH)
-_spread_kernel = compile_serial(_spread, FASTMATH)
 
 
 def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
@@ -254,22 +249,13 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit, threaded=None,
     return out, sum(n_bad) == 0
 
 
-def group_moments(x, offsets, omit_nan, threaded=None):
-    """Per-group (count, mean, sum of squared deviations), as center_scale computes them,
-    for the batch-wide std of batch_std."""
-    count, shift, mean, ss = np.empty((4, offsets.size - 1))
-    run_over_groups(_statistics_kernel, offsets, (count, shift, mean, ss), x, omit_nan,
-                    threaded=threaded)
-    return count.astype(np.int64), shift + mean, ss
-
-
-def group_spread(x, offsets, ddof, omit_nan, threaded=None):
-    """Per-group (count of valid rewards, std with ``ddof``, whether they differ), for
-    the scale rules of ``advcal.registry``."""
+def group_statistics(x, offsets, ddof, omit_nan, threaded=None):
+    """Per group: (count of valid rewards, mean, sum of squared deviations, std with
+    ``ddof``, whether they differ), for batch_std, the baselines and the scale rules."""
     n_groups = offsets.size - 1
     count = np.empty(n_groups, dtype=np.int64)
-    std = np.empty(n_groups)
+    mean, ss, std = np.empty((3, n_groups))
     gap = np.empty(n_groups, dtype=np.bool_)
-    run_over_groups(_spread_kernel, offsets, (count, std, gap), x, ddof, omit_nan,
-                    threaded=threaded)
-    return count, std, gap
+    run_over_groups(_statistics_kernel, offsets, (count, mean, ss, std, gap), x, ddof,
+                    omit_nan, threaded=threaded)
+    return count, mean, ss, std, gap

@@ -116,29 +116,18 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit, normalize=True
 
 
 @_quiet
-def group_moments(x, offsets, omit_nan):
+def group_statistics(x, offsets, ddof, omit_nan):
+    """Per group: valid rewards, mean, sum of squared deviations, std with ``ddof`` (0 for a
+    constant group), whether they differ."""
     n_groups = offsets.size - 1
     count = np.zeros(n_groups, dtype=np.int64)
-    mean = np.zeros(n_groups)
-    ss = np.zeros(n_groups)
-    for q, _, _, r in groups(x, offsets, omit_nan):
-        if r.size:
-            count[q] = r.size
-            mean[q] = r[0] + (r - r[0]).mean()
-            ss[q] = np.sum(_centered(r) ** 2)
-    return count, mean, ss
-
-
-@_quiet
-def group_spread(x, offsets, ddof, omit_nan):
-    """Per group: valid rewards, std with ``ddof`` (0 for a constant group), whether they
-    differ."""
-    n_groups = offsets.size - 1
-    count = np.zeros(n_groups, dtype=np.int64)
-    std = np.zeros(n_groups)
+    mean, ss, std = np.zeros((3, n_groups))
     gap = np.zeros(n_groups, dtype=np.bool_)
     for q, _, _, r in groups(x, offsets, omit_nan):
         count[q] = r.size
+        if r.size:
+            mean[q] = r[0] + (r - r[0]).mean()
+            ss[q] = np.sum(_centered(r) ** 2)
         if r.size and r.min() != r.max():
             gap[q] = True
             # In units of a power of two (exact) within a factor 2 of max |r|: neither the
@@ -146,4 +135,4 @@ def group_spread(x, offsets, ddof, omit_nan):
             unit = np.ldexp(1.0, np.frexp(np.max(np.abs(r)))[1] - 1)
             d = r / unit - r[0] / unit
             std[q] = unit * np.sqrt(np.sum((d - d.mean()) ** 2) / max(r.size - ddof, 1))
-    return count, std, gap
+    return count, mean, ss, std, gap
