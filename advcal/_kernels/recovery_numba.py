@@ -149,17 +149,11 @@ def _secular(h, n, g, rho, trace, y, w, low):
 
 @cached_njit(fastmath=_FASTMATH)
 def _rkr(kmat, rmat, kr, hmat, n):
-    """hmat = R K R, symmetrized (BLAS on contiguous views); returns its trace."""
+    """hmat = R K R (BLAS on contiguous views; only its lower triangle is read); returns
+    its trace."""
     np.dot(kmat, rmat, kr)
     np.dot(rmat, kr, hmat)
-    trace = 0.0
-    for i in range(n):
-        for j in range(i + 1, n):
-            sym = 0.5 * (hmat[i, j] + hmat[j, i])
-            hmat[i, j] = sym
-            hmat[j, i] = sym
-        trace += hmat[i, i]
-    return trace
+    return np.trace(hmat)
 
 
 @cached_njit(fastmath=_FASTMATH)
@@ -167,17 +161,9 @@ def _min_norm_solution(hmat, g, n, z):
     """z = H⁺g (eigenvalues below 1e-12·max are null): the anchor's minimum-norm step when
     the unconstrained minimum lies inside the ball."""
     evals, evecs = np.linalg.eigh(hmat)
-    cutoff = 1e-12 * max(evals[n - 1], 0.0)
-    for i in range(n):
-        z[i] = 0.0
-    for j in range(n):
-        if evals[j] > cutoff:
-            proj = 0.0
-            for i in range(n):
-                proj += evecs[i, j] * g[i]
-            coef = proj / evals[j]
-            for i in range(n):
-                z[i] += coef * evecs[i, j]
+    keep = evals > 1e-12 * max(evals[n - 1], 0.0)
+    inverse = np.where(keep, 1.0 / np.where(keep, evals, 1.0), 0.0)
+    z[:n] = evecs @ (inverse * (evecs.T @ g[:n]))
 
 
 @njit(inline="always")
