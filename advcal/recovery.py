@@ -11,7 +11,7 @@ its responses' policy gradients (the update of coefficients a is U(a) = Σ a_i g
   M_full(η) = [a(η)ᵀKc − ρ·‖R K a(η)‖] / (‖U(a(η))‖·‖U(c)‖) and M_reward (K = I);
 * **η*(τ)** = sup{η ∈ [0, 1] : M_full(η) ≥ τ, M_reward(η) > 0}; both conditions are
   concave in η once the positive denominators are cleared, so the feasible set is an
-  interval, found with golden-section + bisection on O(1)-cost evaluations.  An empty
+  interval, found with a ternary search + bisection on O(1)-cost evaluations.  An empty
   set rejects the group (no update); otherwise a(η*) is written back.
 
 The SetGRPO paper's ablations are keyword switches of :func:`recover` (and of

@@ -21,7 +21,6 @@ from advcal._numba_cache import cached_njit
 
 _FASTMATH = set(FASTMATH)
 ETA_TOL = 1e-13  # absolute accuracy of η*
-GOLDEN = 0.6180339887498949
 # Groups from which ``recover_groups`` runs chunks on threads: the pool's own rule counts
 # rewards costing nanoseconds each, but a group costs microseconds.
 PARALLEL_MIN_GROUPS = 2048
@@ -200,22 +199,18 @@ def _eta_star(coef, rho, tau, kappa, cnorm2, use_reward, binary):
     if binary:
         return lo
     if lo < 0.0:
-        # Golden-section ascent of the concave min(full, reward) until a feasible point.
-        a, b, x1, x2 = 0.0, 1.0, 1.0 - GOLDEN, GOLDEN
-        h1, ok1 = _margin(x1, coef, rho, tau, kappa, cnorm2, use_reward)
-        h2, ok2 = _margin(x2, coef, rho, tau, kappa, cnorm2, use_reward)
-        lo = x1 if ok1 else x2 if ok2 else -1.0
+        # Ternary search for the maximum of the concave min(full, reward), stopped at the
+        # first feasible point.
+        a, b = 0.0, 1.0
         while lo < 0.0 and b - a > ETA_TOL:
+            x1, x2 = a + (b - a) / 3.0, b - (b - a) / 3.0
+            h1, ok1 = _margin(x1, coef, rho, tau, kappa, cnorm2, use_reward)
+            h2, ok2 = _margin(x2, coef, rho, tau, kappa, cnorm2, use_reward)
+            lo = x2 if ok2 else x1 if ok1 else -1.0
             if h1 < h2:
-                a, x1, h1 = x1, x2, h2
-                x = x2 = a + GOLDEN * (b - a)
-                h2, ok = _margin(x, coef, rho, tau, kappa, cnorm2, use_reward)
+                a = x1
             else:
-                b, x2, h2 = x2, x1, h1
-                x = x1 = b - GOLDEN * (b - a)
-                h1, ok = _margin(x, coef, rho, tau, kappa, cnorm2, use_reward)
-            if ok:
-                lo = x
+                b = x2
         if lo < 0.0:
             return -1.0
     hi = 1.0
