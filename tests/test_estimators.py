@@ -26,7 +26,7 @@ from advcal import (
     reinforce_pp_baseline,
     rloo,
 )
-from advcal._kernels import point_numba, pool
+from advcal._kernels import engine, point_numba, pool
 from advcal._kernels.modes import DR, FIXED, GRPO, RLOO
 from advcal.registry import REGISTRY
 from tests.strategies import FLOAT_DTYPES, dense_batches, ragged_batches
@@ -460,6 +460,18 @@ def test_chunks_on_threads_equal_one_chunk_bitwise(batch, mode, omit, raw):
         }
         for name, run in runs.items():
             assert run(True).tobytes() == run(False).tobytes(), name
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_a_lone_non_finite_reward_is_flagged_without_raw_singletons(backend, value):
+    # The lone response gets no advantage, but its reward is still invalid.
+    point = engine("point", backend)
+    x, offsets = np.array([value, 0.0, 1.0]), np.array([0, 1, 3])
+    assert not point.center_scale(x, offsets, GRPO, 1e-6, 1, False, False, 1.0, np.inf)[1]
+    assert not point.opo(x, np.ones(3), offsets, False, False, np.inf)[1]
+    assert not point.passk(x, offsets, 1e-6, 1, False, False, np.inf)[1]
+    x[0] = 0.5
+    assert point.center_scale(x, offsets, GRPO, 1e-6, 1, False, False, 1.0, np.inf)[1]
 
 
 @pytest.mark.parametrize("where", [0, 45, 99])

@@ -16,11 +16,6 @@ from advcal._kernels.oracle_groups import groups
 _quiet = np.errstate(all="ignore")
 
 
-def _flag(r):
-    """0 for finite rewards, NaN otherwise: the value amax takes when no advantage is written."""
-    return 0.0 if np.isfinite(r).all() else np.nan
-
-
 def _centered(r):
     # Deviations from a member of the group first: a constant group centers to exact 0.
     d = r - r[0]
@@ -30,11 +25,11 @@ def _centered(r):
 @_quiet
 def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor, limit,
                  std_floor=0.0):
-    out, amax = np.zeros_like(x), np.zeros(offsets.size - 1)  # 0 unless written
-    for q, sl, valid, r in groups(x, offsets, omit_nan):
+    out, ok = np.zeros_like(x), True  # ok: every valid reward finite, every |a| <= limit
+    for _, sl, valid, r in groups(x, offsets, omit_nan):
         n = r.size
+        ok &= bool(np.isfinite(r).all())
         if n == 0 or (n == 1 and not raw_singletons):
-            amax[q] = _flag(r)
             continue
         if n == 1:  # verl's convention for a lone response: mean 0, std 1
             u = r
@@ -45,7 +40,7 @@ def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
             # Statistics overflowed, or squares underflowed in a group with a spread: the
             # caller rescales.
             if not np.isfinite(ss) or (ss == 0.0 and (r != r[0]).any()):
-                amax[q] = np.nan
+                ok = False
                 continue
             if mode == GRPO:  # std_floor: verl's grpo_vectorized
                 s = max(np.sqrt(ss / (n - ddof)), std_floor) + eps
@@ -56,21 +51,20 @@ def center_scale(x, offsets, mode, eps, ddof, raw_singletons, omit_nan, divisor,
             else:
                 s = 1.0
         if s == 0.0 or np.isnan(s):
-            amax[q] = _flag(r)
             continue
         a = u / s
         out[sl][valid] = a
-        amax[q] = np.max(np.abs(a))
-    return out, bool((amax <= limit).all())
+        ok &= bool(np.max(np.abs(a)) <= limit)
+    return out, ok
 
 
 @_quiet
 def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
-    out, amax = np.zeros_like(x), np.zeros(offsets.size - 1)  # 0 unless written
-    for q, sl, valid, r in groups(x, offsets, omit_nan):
+    out, ok = np.zeros_like(x), True
+    for _, sl, valid, r in groups(x, offsets, omit_nan):
         n = r.size
+        ok &= bool(np.isfinite(r).all())
         if n == 0 or (n == 1 and not raw_singletons):
-            amax[q] = _flag(r)
             continue
         if n == 1:
             a = r
@@ -80,17 +74,17 @@ def opo(x, weights, offsets, raw_singletons, omit_nan, limit):
             d = r - r[0]
             a = d - np.sum(w * d) / np.sum(w)
         out[sl][valid] = a
-        amax[q] = np.max(np.abs(a))
-    return out, bool((amax <= limit).all())
+        ok &= bool(np.max(np.abs(a)) <= limit)
+    return out, ok
 
 
 @_quiet
 def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit, normalize=True):
-    out, amax = np.zeros_like(x), np.zeros(offsets.size - 1)  # 0 unless written
-    for q, sl, valid, r in groups(x, offsets, omit_nan):
+    out, ok = np.zeros_like(x), True
+    for _, sl, valid, r in groups(x, offsets, omit_nan):
         n = r.size
         if not np.isfinite(r).all():
-            amax[q] = np.nan
+            ok = False
             continue
         if n == 0 or (n == 1 and not raw_singletons):
             continue
@@ -104,15 +98,15 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit, normalize=True
             # Statistics overflowed, or squares underflowed in a group with a spread: the
             # caller rescales.
             if not np.isfinite(ss) or (ss == 0.0 and gap != 0.0):
-                amax[q] = np.nan
+                ok = False
                 continue
             s = np.sqrt(ss / (n - ddof)) + eps if normalize else 1.0
             if s == 0.0:
                 continue
             a = gap / s
         out[sl][np.flatnonzero(valid)[best]] = a
-        amax[q] = abs(a)
-    return out, bool((amax <= limit).all())
+        ok &= bool(abs(a) <= limit)
+    return out, ok
 
 
 @_quiet
