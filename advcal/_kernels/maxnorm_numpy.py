@@ -28,23 +28,39 @@ def _bin(r, lo, hi, clip, delta, inv_delta, kmax):
         return np.minimum(lo + k / inv_delta, hi)
 
 
-def _checks(x, omit_nan, lo, hi):
-    """(ok, in_bounds): every valid reward is finite, and lies in ``[lo, hi]``."""
-    r = x[~np.isnan(x)] if omit_nan else x
-    return bool(np.isfinite(r).all()), bool(((r >= lo) & (r <= hi)).all())
+def _extremes(r):
+    if r.size == 0:
+        return np.inf, -np.inf
+    return float(np.min(r)), float(np.max(r))
+
+
+def _checks(flag, rmin, rmax, lo, hi):
+    """(ok, in_bounds) from per-group flags (NaN: non-finite) and extremes."""
+    return (bool(np.isfinite(flag).all()),
+            bool(rmin.min(initial=np.inf) >= lo and rmax.max(initial=-np.inf) <= hi))
+
+
+def _flag(r):
+    return 0.0 if np.isfinite(r).all() else np.nan
 
 
 def resolve(x, offsets, lo, hi, clip, delta, inv_delta, kmax, omit_nan):
     """Binned rewards (NaN kept where omitted), ``keep``, ``ok``, ``in_bounds``."""
+    n_groups = offsets.size - 1
     out = np.empty_like(x)
-    keep = np.zeros(offsets.size - 1, dtype=np.bool_)
+    keep = np.zeros(n_groups, dtype=np.bool_)
+    rmin = np.full(n_groups, np.inf)
+    rmax = np.full(n_groups, -np.inf)
+    flag = np.zeros(n_groups)
     for q, sl, valid, r in groups(x, offsets, omit_nan):
+        rmin[q], rmax[q] = _extremes(r)
+        flag[q] = _flag(r)
         b = _bin(r, lo, hi, clip, delta, inv_delta, kmax)
         group = np.full(valid.size, np.nan)
         group[valid] = b
         out[sl] = group
         keep[q] = b.size >= 2 and np.min(b) != np.max(b)
-    return (out, keep, *_checks(x, omit_nan, lo, hi))
+    return (out, keep, *_checks(flag, rmin, rmax, lo, hi))
 
 
 def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta,
@@ -54,11 +70,15 @@ def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta
     n_groups = offsets.size - 1
     out = np.zeros_like(x)
     scale = np.full(n_groups, tau)
+    flag = np.zeros(n_groups)  # NaN: a non-finite reward or max |u|
     keep = np.zeros(n_groups, dtype=np.bool_)
-    ok, in_bounds = _checks(x, omit_nan, lo, hi)
+    rmin = np.full(n_groups, np.inf)
+    rmax = np.full(n_groups, -np.inf)
     for q, sl, valid, r in groups(x, offsets, omit_nan):
         n = r.size
+        rmin[q], rmax[q] = _extremes(r)
         if not np.isfinite(r).all():
+            flag[q] = np.nan
             continue
         b = _bin(r, lo, hi, clip, delta, inv_delta, kmax)
         keep[q] = n >= 2 and np.min(b) != np.max(b)
@@ -76,5 +96,5 @@ def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta
             w = np.clip(u / s, -1.0, 1.0)
         scale[q] = s
         out[sl][valid] = w
-        ok &= bool(np.isfinite(s))  # max |u| overflowed
-    return (out, scale, keep, ok, in_bounds)
+        flag[q] = _flag(np.max(np.abs(u)))
+    return (out, scale, keep, *_checks(flag, rmin, rmax, lo, hi))
