@@ -147,7 +147,7 @@ def _secular(h, n, g, rho, trace, y, w, low):
 
 
 @cached_njit(fastmath=_FASTMATH)
-def _rkr(kmat, rmat, kr, hmat, n):
+def _rkr(kmat, rmat, kr, hmat):
     """hmat = R K R (BLAS on contiguous views; only its lower triangle is read); returns
     its trace."""
     np.dot(kmat, rmat, kr)
@@ -264,7 +264,7 @@ def _recover(offsets, boffsets, status, eta, accepted, m_full, m_reward, ref0, r
         kappa = math.sqrt(ckc)
         kr = scratch_a[:n * n].reshape(n, n)
         hmat = scratch_b[:n * n].reshape(n, n)
-        trace = _rkr(kmat, rmat, kr, hmat, n)
+        trace = _rkr(kmat, rmat, kr, hmat)
         _matvec(rmat, n, kc, g)
         if not (math.isfinite(trace) and math.isfinite(_dot(g, g, n))):
             status[q] = ggsr.OVERFLOW
