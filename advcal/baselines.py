@@ -45,7 +45,7 @@ def _valid_matrix(call: _Call, idx: np.ndarray, n: int) -> np.ndarray:
 def _group_std(call: _Call, ddof: int) -> np.ndarray:
     """σ_q per group over its valid rewards (0 with at most ``ddof`` of them)."""
     count, _, ss, _, _ = call.engine.group_statistics(call.batch.values, call.batch.offsets, 0,
-                                                      call.omit)
+                                                      call.omit, spread=False)
     return np.sqrt(np.where(count > ddof, ss, 0.0) / np.maximum(count - ddof, 1))
 
 

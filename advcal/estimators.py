@@ -348,7 +348,7 @@ def _whiten_batch(adv: np.ndarray, valid: np.ndarray | None, eps: float, ddof: i
 def _batch_std(call: _Call, ddof: int) -> float:
     """Standard deviation of every valid reward of the batch around the batch mean."""
     count, mean, ss, _, _ = call.engine.group_statistics(call.batch.values, call.batch.offsets,
-                                                         0, call.omit)
+                                                         0, call.omit, spread=False)
     total = int(count.sum())
     if total <= ddof:
         return 0.0

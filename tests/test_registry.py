@@ -147,6 +147,13 @@ def test_statistics_kernel_matches_the_oracle(dtype: type, omit: bool) -> None:
     slow_stats = engine("point", "numpy").group_statistics(plain, offsets, 0, omit)
     for got, want in zip(fast_stats, slow_stats, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    # without the spread: the same first three, std 0 and no gap
+    for point, full in (("numba", fast_stats), ("numpy", slow_stats)):
+        count, mean, ss, std, gap = engine("point", point).group_statistics(
+            plain, offsets, 0, omit, spread=False)
+        for got, want in zip((count, mean, ss), full[:3], strict=True):
+            np.testing.assert_array_equal(got, want)
+        assert not std.any() and not gap.any() and full[4].any()
 
 
 def test_spread_by_hand(backend: str) -> None:

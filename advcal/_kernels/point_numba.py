@@ -194,21 +194,24 @@ def _passk(offsets, x, eps, ddof, normalize, raw_singletons, omit_nan, limit, ou
     return n_bad
 
 
-def _statistics(offsets, count, mean, ss, std, gap, x, ddof, omit_nan):
+def _statistics(offsets, count, mean, ss, std, gap, x, ddof, omit_nan, spread):
     """Per group: valid rewards, their mean and sum of squared deviations (as center_scale
-    takes them), std with ``ddof`` (0 for a constant group), whether they differ."""
+    takes them), and with ``spread`` std with ``ddof`` (0 for a constant group) and
+    whether they differ (else 0 and False)."""
     for q in range(offsets.size - 1):
         g = x[offsets[q]:offsets[q + 1]]
         n, shift, m, s2 = _moments(g, omit_nan)
-        count[q], mean[q], ss[q] = n, shift + m, s2
+        count[q], mean[q], ss[q], std[q], gap[q] = n, shift + m, s2, 0.0, False
+        if not spread:
+            continue
         low = high = shift
         for i in range(g.size):
             if not (omit_nan and math.isnan(g[i])):
                 low = min(low, g[i])
                 high = max(high, g[i])
-        gap[q], std[q] = high != low, 0.0
         if high == low:
             continue
+        gap[q] = True
         unit = 1.0
         if not TINY < max(high - shift, shift - low) < HUGE:
             # Squares of this spread under- or overflow: rewards in units of a power of two
@@ -249,13 +252,15 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit, threaded=None,
     return out, sum(n_bad) == 0
 
 
-def group_statistics(x, offsets, ddof, omit_nan, threaded=None):
+def group_statistics(x, offsets, ddof, omit_nan, threaded=None, *, spread=True):
     """Per group: (count of valid rewards, mean, sum of squared deviations, std with
-    ``ddof``, whether they differ), for batch_std, the baselines and the scale rules."""
+    ``ddof``, whether they differ), for batch_std, the baselines and the scale rules;
+    ``spread=False`` skips the last two (0 and False), which batch_std and the baselines
+    do not use."""
     n_groups = offsets.size - 1
     count = np.empty(n_groups, dtype=np.int64)
     mean, ss, std = np.empty((3, n_groups))
     gap = np.empty(n_groups, dtype=np.bool_)
     run_over_groups(_statistics_kernel, offsets, (count, mean, ss, std, gap), x, ddof,
-                    omit_nan, threaded=threaded)
+                    omit_nan, spread, threaded=threaded)
     return count, mean, ss, std, gap

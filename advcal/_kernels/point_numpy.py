@@ -110,9 +110,9 @@ def passk(x, offsets, eps, ddof, raw_singletons, omit_nan, limit, normalize=True
 
 
 @_quiet
-def group_statistics(x, offsets, ddof, omit_nan):
-    """Per group: valid rewards, mean, sum of squared deviations, std with ``ddof`` (0 for a
-    constant group), whether they differ."""
+def group_statistics(x, offsets, ddof, omit_nan, *, spread=True):
+    """Per group: valid rewards, mean, sum of squared deviations, and with ``spread`` std
+    with ``ddof`` (0 for a constant group) and whether they differ (else 0 and False)."""
     n_groups = offsets.size - 1
     count = np.zeros(n_groups, dtype=np.int64)
     mean, ss, std = np.zeros((3, n_groups))
@@ -122,7 +122,7 @@ def group_statistics(x, offsets, ddof, omit_nan):
         if r.size:
             mean[q] = r[0] + (r - r[0]).mean()
             ss[q] = np.sum(_centered(r) ** 2)
-        if r.size and r.min() != r.max():
+        if spread and r.size and r.min() != r.max():
             gap[q] = True
             # In units of a power of two (exact) within a factor 2 of max |r|: neither the
             # deviations nor their squares under- or overflow.
