@@ -466,10 +466,9 @@ class AdvcalGRPOMixin:
         if reuse is not None:  # the Gram ran and planned for it
             logps, objectives, plan = reuse
             out = single_backward(loss, logps, objectives, capture, plan)
-        single, loss = out is not None, loss if out is None else out
         if settings.single_backward:
-            self._advcal_log("train", {"single_backward": float(single)})
-        return loss
+            self._advcal_log("train", {"single_backward": float(out is not None)})
+        return loss if out is None else out
 
     def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)  # type: ignore[misc]
