@@ -18,8 +18,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from advcal._blocks import block_offsets, gather_blocks, gather_rows, size_classes
+from advcal._ggsr import Recovery, check_sets, gram_blocks, run_recovery
 from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
-from advcal.recovery import Recovery, _check_sets, _gram_blocks, _run_recovery, recover
+from advcal.recovery import recover
 from advcal.sets import CoefficientSets, calibrate_sets, coefficient_sets
 
 __all__ = ["AffineCheck", "RecoveryPath", "TrainingSummary", "affine_check", "recovery_path",
@@ -138,11 +139,11 @@ def recovery_path(
     >>> path.m_full.shape
     (3, 3)
     """
-    sets = _check_sets(sets)
+    sets = check_sets(sets)
     check_choice(backend, "backend", BACKENDS)
     grid = _eta_grid_iv(np.linspace(0.0, 1.0, 21) if eta is None else eta)
-    gram_flat = _gram_blocks(sets, gram)
-    raw = _run_recovery(sets, gram_flat, np.array([0.0]), None, backend)
+    gram_flat = gram_blocks(sets, gram)
+    raw = run_recovery(sets, gram_flat, np.array([0.0]), None, backend)
     m_full, m_reward = _path_projections(sets, gram_flat, raw.anchors, grid)
     return RecoveryPath(grid, m_full, m_reward,
                         sets.batch.restore(raw.anchors.astype(sets.dtype)))
@@ -273,7 +274,7 @@ def affine_check(
     two = recover(moved, gram, tau=tau, backend=backend)
     a = base.batch.gather(one.coefficients, "coefficients")
     b = base.batch.gather(two.coefficients, "coefficients")
-    gram_flat = _gram_blocks(base, gram)
+    gram_flat = gram_blocks(base, gram)
     sizes = base.batch.sizes
     boffsets = block_offsets(sizes)
     ab = np.zeros(sizes.size)
@@ -362,7 +363,7 @@ def training_summary(recovery: Recovery, sets: CoefficientSets) -> TrainingSumma
     if not isinstance(recovery, Recovery):
         raise TypeError("`recovery` must be a Recovery from recover or setgrpo; got "
                         f"{type(recovery).__name__}.")
-    sets = _check_sets(sets)
+    sets = check_sets(sets)
     n_groups = sets.n_groups
     if recovery.eta.shape != (n_groups,):
         raise ValueError(f"`recovery` has {recovery.eta.size} groups, `sets` {n_groups}.")

@@ -235,7 +235,7 @@ def _percentiles(values: np.ndarray, q: tuple[float, ...]) -> tuple[list[float],
     return out, float(x[last])
 
 
-class _ScaleSummary(NamedTuple):
+class ScaleSummary(NamedTuple):
     """The inverse-scale statistics and zero-gap fraction of one method on one batch."""
 
     informative: np.ndarray
@@ -247,7 +247,7 @@ class _ScaleSummary(NamedTuple):
     zero_gap_fraction: float
 
 
-def _scale_summary(scaled: Scaled, scorable: np.ndarray) -> _ScaleSummary:
+def scale_summary(scaled: Scaled, scorable: np.ndarray) -> ScaleSummary:
     """1/s_q of the informative groups, its P50/P95/P99 and max, and the fraction of the
     scorable groups (two or more valid responses; the rule's own if it omitted NaN)
     that the method skips: what :func:`scale_diagnostics` reports and what the TRL
@@ -259,10 +259,10 @@ def _scale_summary(scaled: Scaled, scorable: np.ndarray) -> _ScaleSummary:
     n_scorable = int(np.count_nonzero(scorable))
     zero_gap = (n_scorable - inverse.size) / n_scorable if n_scorable else math.nan
     if not inverse.size:
-        return _ScaleSummary(informative, inverse, math.nan, math.nan, math.nan, math.nan,
+        return ScaleSummary(informative, inverse, math.nan, math.nan, math.nan, math.nan,
                              zero_gap)
     (p50, p95, p99), top = _percentiles(inverse, (50.0, 95.0, 99.0))
-    return _ScaleSummary(informative, inverse, p50, p95, p99, top, zero_gap)
+    return ScaleSummary(informative, inverse, p50, p95, p99, top, zero_gap)
 
 
 def _method_options(batch: Batch, options: Any, methods: tuple[str, ...]
@@ -444,7 +444,7 @@ def scale_diagnostics(
         scaled = _method_weights(method, groups, batch.values, settings,
                                  method_options[method])
         weights, scale, kl_weight = scaled.weights, scaled.scale, scaled.kl_weight
-        summary = _scale_summary(scaled, groups.scorable)
+        summary = scale_summary(scaled, groups.scorable)
         informative, inverse = summary.informative, summary.inverse
         # An estimator that adjusts the KL coefficient per group (beta_q = beta * kl_weight)
         # has beta_eff,q = beta_q * s_q.

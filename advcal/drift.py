@@ -187,7 +187,7 @@ def _beta_binomial_p(cal: Any, covered: int, n: int) -> float:
 def _set_coverage(cal: Any, scores_a: Any, scores_b: Any, offsets: Any, group_ids: Any,
                   noise_var: Any) -> np.ndarray:
     from advcal._blocks import centered
-    from advcal.sets import _transform, coefficient_sets
+    from advcal.sets import coefficient_sets, transform_checked
 
     if scores_a is None:
         raise TypeError("`scores_a` must be the first scoring of the fresh groups; got None.")
@@ -196,7 +196,8 @@ def _set_coverage(cal: Any, scores_a: Any, scores_b: Any, offsets: Any, group_id
     values_b = sets.batch.gather(scores_b, "scores_b")
     if not np.isfinite(values_b).all():
         raise ValueError("`scores_b` must be finite.")
-    other = _transform(values_b, sets.offsets, cal.estimator, cal.eps, cal.ddof, cal.options)
+    other = transform_checked(values_b, sets.offsets, cal.estimator, cal.eps, cal.ddof,
+                              cal.options)
     d = sets.geometry.quad_pinv(centered(other - sets.geometry.centers, sets.offsets))
     # Membership exactly as calibration scored it: d_q = sqrt(δᵀ S⁺ δ) ≤ ρ.
     distances = np.sqrt(np.clip(d, 0.0, None))

@@ -19,17 +19,18 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
+from advcal._ggsr import (
+    FULL_METHOD,
+    Recovery,
+    ablation_iv,
+    check_sets,
+    gram_blocks,
+    recover_checked,
+    run_recovery,
+)
 from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
 from advcal.bounds import BOUNDS, _p_values, risk_p_value, ucb
-from advcal.recovery import (
-    Recovery,
-    _ablation_iv,
-    _check_sets,
-    _coefficients_at,
-    _gram_blocks,
-    _run_recovery,
-    recover,
-)
+from advcal.recovery import recover
 from advcal.sets import CoefficientSets, SetCalibration, coefficient_sets
 
 __all__ = ["ThresholdSelection", "select_threshold", "setgrpo"]
@@ -93,8 +94,8 @@ def _thresholds_iv(thresholds: Any) -> np.ndarray:
 
 def _select_iv(sets: Any, gram: Any, reference: Any, thresholds: Any, beta: Any, delta: Any,
                bound: Any, procedure: Any, backend: Any) -> tuple[Any, ...]:
-    # The ablation switches are validated by recovery._ablation_iv in select_threshold.
-    sets = _check_sets(sets)
+    # The ablation switches are validated by _ggsr.ablation_iv in select_threshold.
+    sets = check_sets(sets)
     beta = check_real(beta, "beta", low=0.0, high=1.0, low_inclusive=False,
                       high_inclusive=False)
     delta = check_real(delta, "delta", low=0.0, high=1.0, low_inclusive=False,
@@ -103,7 +104,7 @@ def _select_iv(sets: Any, gram: Any, reference: Any, thresholds: Any, beta: Any,
     check_choice(procedure, "procedure", PROCEDURES)
     check_choice(backend, "backend", BACKENDS)
     taus = _thresholds_iv(thresholds)
-    gram_flat = _gram_blocks(sets, gram)
+    gram_flat = gram_blocks(sets, gram)
     ref = sets.batch.gather(reference, "reference")
     if not np.isfinite(ref).all():
         raise ValueError("`reference` must be finite.")
@@ -251,8 +252,8 @@ def select_threshold(
     """
     sets, gram_flat, ref, taus, beta, delta = _select_iv(
         sets, gram, reference, thresholds, beta, delta, bound, procedure, backend)
-    ablation = _ablation_iv(reward_condition, recovery, discard, seed)
-    raw = _run_recovery(sets, gram_flat, taus, ref, backend, ablation)
+    ablation = ablation_iv(reward_condition, recovery, discard, seed)
+    raw = run_recovery(sets, gram_flat, taus, ref, backend, ablation)
     accepted = raw.accepted
     eta = np.where(accepted, raw.eta, 0.0)
     dot = raw.ref0[:, None] + eta * raw.ref1[:, None]
@@ -333,16 +334,9 @@ def setgrpo(
         return recover(sets, gram, tau=tau, reward_condition=reward_condition,
                        recovery=recovery, discard=discard, seed=seed, backend=backend)
     check_choice(backend, "backend", BACKENDS)
-    _ablation_iv(reward_condition, recovery, discard, seed)  # rejecting all: checked only
-    raw = _run_recovery(sets, _gram_blocks(sets, gram), np.array([0.0]), None, backend)
-    rejected = raw._replace(accepted=np.zeros_like(raw.accepted), eta=np.zeros_like(raw.eta))
-    restore = sets.batch.restore
+    ablation_iv(reward_condition, recovery, discard, seed)  # rejecting all: checked only
+    # Recovery at τ = 0 gives the anchors and projections; no group is accepted.
+    rec = recover_checked(sets, gram_blocks(sets, gram), 0.0, backend, FULL_METHOD)
     n_groups = sets.n_groups
-    return Recovery(
-        restore(_coefficients_at(sets, rejected, 0).astype(sets.dtype)),
-        np.zeros(n_groups),
-        np.zeros(n_groups, dtype=bool),
-        restore(raw.anchors.astype(sets.dtype)),
-        raw.m_full[:, 0].copy(),
-        raw.m_reward[:, 0].copy(),
-    )
+    return rec._replace(coefficients=np.zeros_like(rec.coefficients), eta=np.zeros(n_groups),
+                        accepted=np.zeros(n_groups, dtype=bool))

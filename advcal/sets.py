@@ -85,9 +85,9 @@ def _keywords(fn: Callable[..., Any]) -> frozenset[str]:
     return frozenset(inspect.signature(fn).parameters)
 
 
-def _transform(values: np.ndarray, offsets: np.ndarray, estimator: str, eps: float, ddof: int,
-               options: Mapping[str, Any]) -> np.ndarray:
-    """T(r) on a flat float64 batch."""
+def transform_checked(values: np.ndarray, offsets: np.ndarray, estimator: str, eps: float,
+                      ddof: int, options: Mapping[str, Any]) -> np.ndarray:
+    """T(r), the coefficient map, on a checked flat float64 batch (drift uses it too)."""
     fn = REGISTRY[estimator].function
     kwargs = dict(options)
     params = _keywords(fn)
@@ -200,8 +200,8 @@ def _finite_difference_jacobian(values: np.ndarray, offsets: np.ndarray, estimat
     for j in range(int(sizes.max())):
         hit = position == j
         h = np.where(hit, step, 0.0)
-        plus = _transform(values + h, offsets, estimator, eps, ddof, options)
-        minus = _transform(values - h, offsets, estimator, eps, ddof, options)
+        plus = transform_checked(values + h, offsets, estimator, eps, ddof, options)
+        minus = transform_checked(values - h, offsets, estimator, eps, ddof, options)
         h_group = np.zeros(sizes.size)
         h_group[sizes > j] = step[hit]
         h_resp = expand(h_group, offsets)
@@ -475,7 +475,7 @@ def _geometry(values: np.ndarray, offsets: np.ndarray, *, estimator: str, eps: f
               ddof: int, shape: str, noise: str, noise_var: np.ndarray | float, ridge: float,
               options: Mapping[str, Any], centers: np.ndarray | None = None) -> _Geometry:
     if centers is None:
-        centers = _transform(values, offsets, estimator, eps, ddof, options)
+        centers = transform_checked(values, offsets, estimator, eps, ddof, options)
     sizes = np.diff(offsets)
     n_groups = sizes.size
     if shape == "isotropic":
@@ -722,7 +722,7 @@ def calibrate_sets(
         eps = eps * scale
     geo = _geometry(values_a, offs, estimator=estimator, eps=eps, ddof=ddof, shape=shape,
                     noise=noise, noise_var=var, ridge=ridge, options=options)
-    other = _transform(values_b, offs, estimator, eps, ddof, options)
+    other = transform_checked(values_b, offs, estimator, eps, ddof, options)
     delta = centered(other - geo.centers, offs)
     d2 = geo.quad_pinv(delta)
     scores = np.sqrt(np.clip(d2[batch.sizes >= 2], 0.0, None))
@@ -902,21 +902,21 @@ def coefficient_sets(
         raise ValueError("`rewards` must be finite.")
     cal = calibration
     var: np.ndarray | float = cal.noise_var
-    if _needs_noise_var(cal):
+    if needs_noise_var(cal):
         if noise_var is None:
             raise ValueError("`noise_var` (per-response variances of the training responses) "
                              "is required: the calibration used noise='diagonal'.")
         var = batch.gather_weights(noise_var, "noise_var")
-    return _sets(batch, values, cal, var)
+    return sets_checked(batch, values, cal, var)
 
 
-def _needs_noise_var(calibration: SetCalibration) -> bool:
+def needs_noise_var(calibration: SetCalibration) -> bool:
     """Whether training sets need the responses' own grader variances."""
     return calibration.noise == "diagonal" and calibration.shape == "joint"
 
 
-def _sets(batch: Batch, values: np.ndarray, calibration: SetCalibration,
-          noise_var: np.ndarray | float) -> CoefficientSets:
+def sets_checked(batch: Batch, values: np.ndarray, calibration: SetCalibration,
+                 noise_var: np.ndarray | float) -> CoefficientSets:
     """:func:`coefficient_sets` of a validated batch: ``values`` are its rewards as finite
     float64, ``noise_var`` the calibration's or the checked per-response variances."""
     cal = calibration

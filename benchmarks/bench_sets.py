@@ -13,8 +13,8 @@ import numpy as np
 
 from advcal import calibrate_sets, coefficient_sets, recover
 from advcal._blocks import block_offsets
+from advcal._ggsr import gram_blocks as _gram_blocks
 from advcal._kernels import recovery_numba, recovery_numpy
-from advcal.recovery import _gram_blocks
 from advcal.simulate import gram_matrices, paired_scorings
 from benchmarks import Case
 

@@ -303,7 +303,7 @@ def ragged_kernel_args(seed: int, sizes: list[int], rank: int | None) -> tuple:
     makes the Gram blocks singular (rejected anchors inside the ball, the eigh branch).
     """
     from advcal._blocks import block_offsets
-    from advcal.recovery import _gram_blocks
+    from advcal._ggsr import gram_blocks as _gram_blocks
 
     rng = np.random.default_rng(seed)
     sizes_arr = np.asarray(sizes, dtype=np.int64)

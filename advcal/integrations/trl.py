@@ -39,14 +39,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 import advcal
+from advcal._ggsr import gram_blocks, recover_checked
 from advcal._validation import Batch, check_choice, check_keywords, check_real
-from advcal.diagnostics import _scale_summary
+from advcal.diagnostics import scale_summary
 from advcal.integrations._fused_head import head_start
 from advcal.integrations._single_backward import prepare, single_backward
 from advcal.layouts import GroupIndex
-from advcal.recovery import _gram_blocks, _recover
 from advcal.registry import REGISTRY, DiagnosticSettings, Scaled
-from advcal.sets import _needs_noise_var, _sets
+from advcal.sets import needs_noise_var, sets_checked
 
 if TYPE_CHECKING:
     import torch
@@ -95,7 +95,7 @@ def _settings_iv(advantage: Any, options: Any, calibration: Any, tau: Any, layer
             raise ValueError("advantage='setgrpo' needs `calibration`: a SetCalibration "
                              "(advcal.calibrate_sets) or the path of one saved with "
                              "advcal.save_calibration.")
-        if _needs_noise_var(calibration):
+        if needs_noise_var(calibration):
             raise ValueError("advantage='setgrpo' needs a calibration with noise='isotropic' "
                              "(or shape='isotropic'): a diagonal one needs per-response grader "
                              "variances, which TRL's rewards do not come with.")
@@ -204,7 +204,7 @@ def _metrics(scaled: Scaled, scorable: np.ndarray) -> dict[str, float]:
     """The logged scale metrics: :func:`advcal.scale_diagnostics`'s for the rule's
     estimator (the registry's scale rule, summarised by the diagnostics' own code);
     ``scorable``: the groups with two or more responses."""
-    summary = _scale_summary(scaled, scorable)
+    summary = scale_summary(scaled, scorable)
     return {
         "inverse_scale_p50": summary.p50,
         "inverse_scale_p95": summary.p95,
@@ -538,7 +538,7 @@ class AdvcalGRPOMixin:
         gram = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
         # advcal.setgrpo's two steps, on arguments checked here and at init, so that the
         # sets (and their centres, for the metrics) are built once.
-        sets = _sets(Batch(values, offsets), values, settings.calibration,
+        sets = sets_checked(Batch(values, offsets), values, settings.calibration,
                      settings.calibration.noise_var)
         threshold = settings.tau
         if isinstance(threshold, advcal.ThresholdSelection):
@@ -547,7 +547,7 @@ class AdvcalGRPOMixin:
             result = advcal.setgrpo(values, offsets, gram=gram, calibration=settings.calibration,
                                     tau=None)
         else:
-            result = _recover(sets, _gram_blocks(sets, gram), threshold)
+            result = recover_checked(sets, gram_blocks(sets, gram), threshold)
         coefficients = np.zeros(groups.size)
         coefficients[keep] = result.coefficients
         informative = np.diff(offsets) >= 2
