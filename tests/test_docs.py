@@ -49,6 +49,14 @@ def test_recipe_pages_hold_only_runnable_blocks() -> None:
         assert len(fences) % 2 == 0 and fences[0::2] == ["pycon"] * (len(fences) // 2), page
 
 
+def test_pages_import_what_a_user_types() -> None:
+    # A reader pastes the snippets without pytest; the skip where a framework is absent is
+    # this module's (``FRAMEWORK``, ``TORCH_PAGES``), not the page's.
+    for page in DOCS.glob("*.md"):
+        text = page.read_text(encoding="utf-8")
+        assert "importorskip" not in text and ">>> import pytest" not in text, page.name
+
+
 def _public_objects() -> list[tuple[str, object]]:
     import advcal
     import advcal.simulate
