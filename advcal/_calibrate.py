@@ -37,9 +37,9 @@ from advcal.risk import select_threshold
 from advcal.sets import (
     CENTERED,
     SetCalibration,
-    _transform,
     calibrate_sets,
     coefficient_sets,
+    transform_checked,
 )
 
 # Folds of the cross-fitted coverage estimate, and the confidence of its interval.
@@ -470,7 +470,7 @@ def run_threshold(args: argparse.Namespace) -> int:
         sa, sb, soff = _pair(a, b, offsets, select)
         sgram = _gram_subset(gram, offsets, select)
         sets = coefficient_sets(sa, soff, calibration=cal)
-        reference = _transform(sb, soff, cal.estimator, cal.eps, cal.ddof, cal.options)
+        reference = transform_checked(sb, soff, cal.estimator, cal.eps, cal.ddof, cal.options)
         sel = select_threshold(sets, sgram, reference, thresholds=thresholds, beta=args.beta,
                                delta=args.delta, bound=args.bound, procedure=args.procedure)
         drift = calibration_drift(cal, sa, sb, soff)
