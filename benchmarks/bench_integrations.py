@@ -18,8 +18,8 @@ of the loss (``compute_loss``) and forward + backward, with ``advantage="setgrpo
 ``advantage="grpo"``, on the same generated batch, shuffled as TRL shuffles it before the
 loss; one torch thread.  The extra cost
 per step is set against one backward pass (grpo's forward + backward minus its forward),
-in full fine-tuning and with peft LoRA adapters on every linear layer (r = 8); with the
-default layers, the Gram's backward stands in for the trainer's in both.
+in full fine-tuning and with peft LoRA adapters on every linear layer (r = 8), under TRL's
+default settings; the Gram's backward pass runs before TRL's own.
 
 The cases are built only when selected (they import TRL and construct trainers).
 """

@@ -11,10 +11,6 @@ It does so only where the result is the same: ΣJ reaches the model through the 
 log-probabilities alone, the function saved what this module reads, and the log-normalisers
 and ΣJ recomputed here match the function's.  Otherwise it returns None, and the Gram's
 backward runs through TRL's function as through any other op.
-
-Where that pass stands in for the trainer's backward, :func:`head_parameter_gradients`
-gives the head's weight (and bias) gradient from the same tiles, without the gradient at
-the hidden states that TRL's backward would also form.
 """
 
 from __future__ import annotations
@@ -159,25 +155,3 @@ def head_start(objectives: Any) -> tuple[Any, Any] | None:
         return None
     return h, out.to(h.dtype)
 
-
-def head_parameter_gradients(node: Any, grad: Any) -> tuple[Any, Any] | None:
-    """(∂/∂weight, ∂/∂bias or None) of g·log p through TRL's fused head ``node``, for the
-    gradient ``grad`` = g at its log-probabilities, as TRL's backward computes them but
-    without the gradient at the hidden states; None in a layout this module does not read."""
-    import torch
-
-    saved = _saved(node)
-    if saved is None:
-        return None
-    acc = torch.float32
-    h = saved.hidden.detach()
-    weight = torch.zeros(saved.weight.shape, dtype=acc, device=h.device)
-    bias = None if saved.bias is None else torch.zeros(saved.bias.shape, dtype=acc,
-                                                        device=h.device)
-    with torch.autocast(h.device.type, enabled=False):
-        for rows, _, _, dz in _tiles(saved, grad):
-            dz = dz.to(saved.compute).to(acc)
-            weight.addmm_(dz.T, h[rows].to(saved.compute).to(acc))
-            if bias is not None:
-                bias += dz.sum(dim=0)
-    return weight, bias

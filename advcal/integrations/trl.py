@@ -43,7 +43,6 @@ from advcal._ggsr import gram_blocks, recover_checked
 from advcal._validation import Batch, check_choice, check_keywords, check_real
 from advcal.diagnostics import scale_summary
 from advcal.integrations._fused_head import head_start
-from advcal.integrations._single_backward import prepare, single_backward
 from advcal.layouts import GroupIndex
 from advcal.registry import REGISTRY, DiagnosticSettings, Scaled
 from advcal.sets import needs_noise_var, sets_checked
@@ -68,7 +67,6 @@ class _Settings(NamedTuple):
     layers: Any
     sketch_dim: int | None
     seed: int
-    single_backward: bool
 
 
 def _load(calibration: Any) -> Any:
@@ -78,7 +76,7 @@ def _load(calibration: Any) -> Any:
 
 
 def _settings_iv(advantage: Any, options: Any, calibration: Any, tau: Any, layers: Any,
-                 sketch_dim: Any, seed: Any, single_backward: Any = True) -> _Settings:
+                 sketch_dim: Any, seed: Any) -> _Settings:
     mode = check_choice(advantage, "advantage", MODES)
     if options is None:
         options = {}
@@ -128,10 +126,7 @@ def _settings_iv(advantage: Any, options: Any, calibration: Any, tau: Any, layer
     if sketch_dim is not None and (isinstance(sketch_dim, bool) or not isinstance(sketch_dim, int)
                                    or sketch_dim < 1):
         raise ValueError(f"`gram_sketch_dim` must be a positive int or None; got {sketch_dim!r}.")
-    if not isinstance(single_backward, bool):
-        raise TypeError(f"`gram_single_backward` must be True or False; got {single_backward!r}.")
-    return _Settings(mode, options, calibration, tau, layers, sketch_dim, int(seed),
-                     single_backward)
+    return _Settings(mode, options, calibration, tau, layers, sketch_dim, int(seed))
 
 
 def trl_rewards(rewards_per_func: np.ndarray, weights: np.ndarray, aggregation: str,
@@ -274,12 +269,6 @@ class AdvcalGRPOMixin:
         layers are resolved at the first loss and reused (a predicate is asked then), and
         resolved again when the model's modules or the ``requires_grad`` of its linear
         layers change.
-    gram_single_backward : bool, default True
-        For ``"setgrpo"``: where the Gram's backward pass already holds the step's gradient
-        (the loss is TRL's at the current policy, the model is not wrapped, and every
-        trained linear layer is covered), write that gradient from it and skip TRL's
-        backward pass.  Every condition is checked at each step; where one fails, TRL's
-        backward runs as usual.
 
     Notes
     -----
@@ -293,8 +282,9 @@ class AdvcalGRPOMixin:
     ``max`` and ``zero_gap_fraction`` in every mode, as :func:`advcal.scale_diagnostics`
     gives them for the estimator that ran (GRPO's for ``"setgrpo"``, Range-GRPO's on the
     ranges for ``"range"``), from the same scale rule; ``accepted_fraction``, ``eta_mean``,
-    ``tau``, ``coef_norm_ratio`` (‖a(η*)‖ over ‖GRPO coefficients‖, accepted groups) and
-    ``single_backward`` (1 when the Gram's backward gave the gradient) for ``"setgrpo"``;
+    ``tau``, and
+    ``coef_norm_ratio`` (‖a(η*)‖ over ‖GRPO coefficients‖, accepted groups) for
+    ``"setgrpo"``;
     ``range_width_mean`` for ``"range"``.
     """
 
@@ -302,17 +292,12 @@ class AdvcalGRPOMixin:
                  advantage_options: Mapping[str, Any] | None = None,
                  calibration: Any = None, tau: Any = None, gram_layers: Any = None,
                  gram_sketch_dim: int | None = None, gram_seed: int = 0,
-                 gram_single_backward: bool = True, **kwargs: Any) -> None:
+                 **kwargs: Any) -> None:
         self._advcal = _settings_iv(advantage, advantage_options, calibration, tau,
-                                    gram_layers, gram_sketch_dim, gram_seed,
-                                    gram_single_backward)
+                                    gram_layers, gram_sketch_dim, gram_seed)
         self._advcal_rewards_per_func: torch.Tensor | None = None
         self._advcal_capture: Any = None
         self._advcal_inputs: dict[str, Any] | None = None
-        # The single backward: the model's parameters when it is wanted (set by _compute_loss),
-        # then (log-probabilities, J, plan) once the Gram has planned for it.
-        self._advcal_parameters: list[Any] | None = None
-        self._advcal_reuse: tuple[Any, Any, Any] | None = None
         # TRL's own advantages of the last batch, kept for comparison and tests.
         self.trl_advantages: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
@@ -442,33 +427,14 @@ class AdvcalGRPOMixin:
             self._advcal_selection = selection
         capture = GradientCapture(unwrapped[1], selection,
                                   sketch_dim=settings.sketch_dim, seed=settings.seed)
-        # The Gram's backward may stand in for TRL's on an unwrapped model (DDP, FSDP and
-        # DeepSpeed hook the backward) whose trained linear layers it covers (another one's
-        # weight reaches the loss through a transpose, which has no rows of responses).  The
-        # selection's modules are the model's: it checked that they had not changed.
-        single = settings.single_backward and unwrapped[0] is unwrapped[1] \
-            and selection.covers_trained_linear(exempt=_head(unwrapped[1]))
         with capture:
             self._advcal_capture = capture
             self._advcal_inputs = inputs
-            self._advcal_parameters = [p for module in selection.modules
-                                       for p in module.parameters(recurse=False)] \
-                if single else None
-            self._advcal_reuse = None
             try:
-                loss = super()._compute_loss(model, inputs)  # type: ignore[misc]
+                return super()._compute_loss(model, inputs)  # type: ignore[misc]
             finally:
                 self._advcal_capture = None
                 self._advcal_inputs = None
-                self._advcal_parameters = None
-                reuse, self._advcal_reuse = self._advcal_reuse, None
-        out = None
-        if reuse is not None:  # the Gram ran and planned for it
-            logps, objectives, plan = reuse
-            out = single_backward(loss, logps, objectives, capture, plan)
-        if settings.single_backward:
-            self._advcal_log("train", {"single_backward": float(out is not None)})
-        return loss if out is None else out
 
     def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)  # type: ignore[misc]
@@ -503,17 +469,9 @@ class AdvcalGRPOMixin:
         ordered = groups[order]
         bounds = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1,
                                  [groups.size]))
-        # The backward starts below TRL's fused LM head where that gives the same K.  Its δ
-        # are kept where they may stand in for the trainer's backward.
-        start = head_start(objectives)
-        plan = None
-        if self._advcal_parameters is not None:
-            plan = prepare(per_token_logps, self._advcal_parameters, capture,
-                           None if start is None else start[0])
-        gram = capture._gram(objectives, start, None,
-                             GroupIndex(bounds, order, ordered[bounds[:-1]]), None, "numpy",
-                             plan is not None, None if plan is None else plan.below)
-        self._advcal_reuse = None if plan is None else (per_token_logps, objectives, plan)
+        # The backward starts below TRL's fused LM head where that gives the same K.
+        gram = capture._gram(objectives, head_start(objectives), None,
+                             GroupIndex(bounds, order, ordered[bounds[:-1]]), None, "numpy")
         sizes = np.diff(bounds)
         if not np.isnan(rewards).any():
             keep, offsets, kept_sizes, blocks = order, bounds, sizes, [gram]
