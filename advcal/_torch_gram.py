@@ -91,6 +91,21 @@ class _Layer:
         return out + ([self.module.bias] if self.bias else [])
 
 
+class _Unit:
+    """One piece of the Gram's work: a layer's trainable weight and bias over its calls, or,
+    for a parameter that several covered layers share, that parameter over the calls of
+    every layer using it (its gradient is the sum over its uses, so K needs the cross terms
+    between the uses).  ``index`` is the first layer's, for the sketch's per-layer seeds."""
+
+    __slots__ = ("index", "name", "weight", "bias")
+
+    def __init__(self, index: int, name: str, weight: bool, bias: bool) -> None:
+        self.index = index
+        self.name = name
+        self.weight = weight
+        self.bias = bias
+
+
 def _attention_internals(torch: Any, named: list[tuple[str, Any]]) -> dict[int, str]:
     """Linear modules inside nn.MultiheadAttention: it uses their weights through
     F.multi_head_attention_forward without calling them, so hooks never see them."""
@@ -357,6 +372,37 @@ def _projection(torch: Any, rows: int, cols: int, kind: str, seed: int, layer: i
     return p / math.sqrt(rows)
 
 
+_REENTRANT = (
+    "torch.utils.checkpoint.checkpoint(..., use_reentrant=True) (as transformers' "
+    "gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': True}) "
+    "sets it) runs the checkpointed forward without gradients and cannot be differentiated "
+    "by torch.autograd.grad; use use_reentrant=False (transformers' default), or no "
+    "checkpointing for the forward pass under the capture.")
+
+
+def _shorten(names: list[str], most: int = 8) -> str:
+    """A list of layer names for a message, the first ``most`` of them."""
+    if len(names) <= most:
+        return str(names)
+    return f"{names[:most]} and {len(names) - most} more"
+
+
+def _reentrant_checkpoint(fn: Any) -> bool:
+    """Whether the autograd graph below ``fn`` holds a reentrant checkpoint node
+    (torch.utils.checkpoint's CheckpointFunction)."""
+    seen = {id(fn)}
+    stack = [fn]
+    while stack:
+        node = stack.pop()
+        if type(node).__name__ == "CheckpointFunctionBackward":
+            return True
+        for nxt, _ in getattr(node, "next_functions", ()):
+            if nxt is not None and id(nxt) not in seen:
+                seen.add(id(nxt))
+                stack.append(nxt)
+    return False
+
+
 class GradientCapture:
     """Capture a forward pass; return per-response policy-gradient Gram matrices.
 
@@ -448,6 +494,12 @@ class GradientCapture:
         self._handles: list[Any] = []
         self._records: list[list[tuple[Any, int, Any, int]]] | None = None
         self._silent: set[int] = set()
+        self._nograd: set[int] = set()  # layers that ran with gradients disabled
+        uses: dict[int, int] = {}
+        for layer in self._layers:
+            for p in layer.parameters():
+                uses[id(p)] = uses.get(id(p), 0) + 1
+        self._shared = {key for key, count in uses.items() if count > 1}
         self._kept: list[list[tuple[Any, Any]]] | None = None
         self._extra: list[Any] | None = None
         self._state = "new"
@@ -457,10 +509,12 @@ class GradientCapture:
         return [layer.name for layer in self._layers]
 
     def parameters(self) -> list[Any]:
-        """The parameters whose gradients the Gram matrix covers, layer by layer (after
-        :meth:`gram`, only the selected layers that ran in the forward pass)."""
-        return [p for i, layer in enumerate(self._layers) if i not in self._silent
-                for p in layer.parameters()]
+        """The parameters whose gradients the Gram matrix covers, layer by layer, each once
+        (a parameter shared by several layers comes with the first); after :meth:`gram`,
+        only those of the selected layers that ran in the forward pass."""
+        params = [p for i, layer in enumerate(self._layers) if i not in self._silent
+                  for p in layer.parameters()]
+        return list({id(p): p for p in params}.values()) if self._shared else params
 
     # ------------------------------------------------------------------ hooks
 
@@ -499,7 +553,10 @@ class GradientCapture:
             if self._state != "recording":
                 return  # gram()'s backward re-running a checkpointed layer: not a forward
             if not (torch.is_tensor(output) and output.requires_grad):
-                return  # under no_grad (e.g. old log-probabilities): nothing to differentiate
+                # under no_grad (e.g. old log-probabilities): nothing to differentiate; or
+                # inside a reentrant checkpoint, whose forward runs without gradients
+                self._nograd.add(index)
+                return
             x = args[0] if args else next(iter(kwargs.values()))
             x = x.detach()  # shares the version counter: in-place edits stay detectable
             records[index].append((x, x._version, output, output._version))
@@ -576,15 +633,26 @@ class GradientCapture:
         assert records is not None
         flat = [(index, rec) for index, layer_records in enumerate(records)
                 for rec in layer_records]
+        silent = {i for i, recs in enumerate(records) if not recs}
+        hidden = sorted(silent & self._nograd)
+        if hidden and _reentrant_checkpoint(objectives.grad_fn):
+            names = [self._layers[i].name for i in hidden]
+            raise ValueError(f"`layers`: {_shorten(names)} ran inside reentrant activation "
+                             f"checkpointing, so K cannot cover them. {_REENTRANT}")
         if not flat:
             raise ValueError("`objectives` was not produced under the capture: no selected "
                              "layer ran with gradients enabled inside the `with` block.")
-        silent = {i for i, recs in enumerate(records) if not recs}
         if silent and self._named:
             names = [self._layers[i].name for i in sorted(silent)]
-            raise ValueError(f"`layers`: {names} did not run in the forward pass (a fused "
-                             "LM head, for example, uses its weight without calling the "
-                             "module), so K cannot cover their gradients; leave them out.")
+            if hidden:
+                raise ValueError(f"`layers`: {_shorten(names)} ran only with gradients "
+                                 "disabled (under torch.no_grad), so K cannot cover their "
+                                 "gradients; run the forward pass with gradients enabled "
+                                 "or leave them out.")
+            raise ValueError(f"`layers`: {_shorten(names)} did not run in the forward pass "
+                             "(a fused LM head, for example, uses its weight without "
+                             "calling the module), so K cannot cover their gradients; "
+                             "leave them out.")
         # Chosen by a rule: K covers the layers that ran (their indices keep the sketch's
         # per-layer seeds).
         self._silent = silent
@@ -611,6 +679,12 @@ class GradientCapture:
             if "backward through the graph a second time" in str(exc):
                 raise ValueError("the graph of `objectives` was freed (a backward pass ran "
                                  "first): call gram() before the trainer's backward.") from exc
+            if "use_reentrant=True" in str(exc):
+                # a covered layer ran before a reentrant checkpoint: its δ would need
+                # autograd.grad through the checkpoint, which that mode cannot do
+                raise ValueError("a covered layer's gradient flows through reentrant "
+                                 "activation checkpointing, so K cannot be computed. "
+                                 f"{_REENTRANT}") from exc
             raise
         if all(d is None for d in deltas):
             raise ValueError("`objectives` was not produced under the capture: it does not "
@@ -625,17 +699,22 @@ class GradientCapture:
         self._kept = [list(pairs) for pairs in per_layer] if keep else None
         del flat, deltas
         device = params[0].device
+        units, work = self._units(per_layer)
+        del per_layer
+        # (layer, what, max |value|) of every δ and input, to name a non-finite one
+        norms: list[tuple[str, str, Any]] = []
         # A trainer may call this inside its loss's autocast: the products stay in ``acc``.
         with torch.autocast(device.type, enabled=False):
             blocks = _Blocks(torch, order, bounds, acc, device)
             rows = _Rows(torch, blocks)
-            for bundle in self._bundles(per_layer):
-                self._accumulate(bundle, [per_layer[index] for index in bundle], n, blocks,
-                                 rows, acc)
+            for bundle in self._bundles(units, work):
+                self._accumulate([units[index] for index in bundle],
+                                 [work[index] for index in bundle], n, blocks, rows, acc, norms)
                 for index in bundle:
-                    per_layer[index] = []
+                    work[index] = []
             rows.flush()
             out = blocks.result(dense)
+        _check_finite(out, objectives, norms)
         if output == "tensor":
             return out
         return out.detach().to(device="cpu", dtype=torch.float64).numpy()
@@ -683,14 +762,62 @@ class GradientCapture:
                         else product.T)
         return [(param, grad.to(param.dtype)) for param, grad in grads.values()]
 
-    def _sides(self, index: int, pairs: list[tuple[Any, Any]]) -> tuple[int, int] | None:
-        """The sketch's (k_out, k_in) for a layer; None when its weight is kept exactly."""
-        if self._sketch_dim is None or not self._layers[index].weight:
+    def _units(self, per_layer: list[list[tuple[Any, Any]]]
+               ) -> tuple[list[_Unit], list[list[tuple[Any, Any]]]]:
+        """The Gram's work: per unit (see ``_Unit``) its calls (input, δ).  One unit per
+        layer, unless covered layers share a parameter: then the shared parameter is one
+        unit over the calls of all its layers, as one layer called several times is."""
+        units = [_Unit(index, layer.name, layer.weight, layer.bias)
+                 for index, layer in enumerate(self._layers)]
+        if not self._shared:
+            return units, per_layer
+        torch = _torch()
+        out: list[_Unit] = []
+        work: list[list[tuple[Any, Any]]] = []
+        slots: dict[int, int] = {}  # id(parameter) -> its unit in ``out``
+        linear: dict[int, bool] = {}  # id(weight) -> orientation of its first use
+        for unit, layer, pairs in zip(units, self._layers, per_layer, strict=True):
+            module = layer.module
+            weight = unit.weight and id(module.weight) in self._shared
+            bias = unit.bias and id(module.bias) in self._shared
+            if not pairs or not (weight or bias):
+                out.append(unit)
+                work.append(pairs)
+                continue
+            if unit.weight != weight or unit.bias != bias:  # its own part, on its own
+                out.append(_Unit(unit.index, unit.name, unit.weight and not weight,
+                                 unit.bias and not bias))
+                work.append(pairs)
+            for role, shared in (("weight", weight), ("bias", bias)):
+                if not shared:
+                    continue
+                param = getattr(module, role)
+                calls = pairs
+                if role == "weight":
+                    # nn.Linear stores its weight (d_out, d_in), Conv1D (d_in, d_out): a use
+                    # in the other orientation than the first one swaps the two sides
+                    is_linear = isinstance(module, torch.nn.Linear)
+                    if linear.setdefault(id(param), is_linear) != is_linear:
+                        calls = [(d, x) for x, d in pairs]
+                slot = slots.get(id(param))
+                if slot is None:
+                    slots[id(param)] = len(out)
+                    out.append(_Unit(unit.index, unit.name, role == "weight", role == "bias"))
+                    work.append(list(calls))
+                else:
+                    out[slot].name += f"+{unit.name}"
+                    work[slot].extend(calls)
+        return out, work
+
+    def _sides(self, unit: _Unit, pairs: list[tuple[Any, Any]]) -> tuple[int, int] | None:
+        """The sketch's (k_out, k_in) for a unit; None when its weight is kept exactly."""
+        if self._sketch_dim is None or not unit.weight:
             return None
         x, d = pairs[0]
         return _sketch_sides(int(d.shape[-1]), int(x.shape[-1]), self._sketch_dim)
 
-    def _bundles(self, per_layer: list[list[tuple[Any, Any]]]) -> list[list[int]]:
+    def _bundles(self, units: list[_Unit], per_layer: list[list[tuple[Any, Any]]]
+                 ) -> list[list[int]]:
         """The layers that ran, in bundles that read one input tensor (q/k/v projections,
         an MLP's gate and up projections): the weight gradients Δᵀ H of a bundle take one
         product, with its layers' δ side by side (within WORKSPACE / _SHARE numbers).  Only
@@ -702,8 +829,8 @@ class GradientCapture:
             if not pairs:
                 continue
             x = pairs[0][0]
-            if len(pairs) > 1 or not self._layers[index].weight \
-                    or self._sides(index, pairs) is not None:
+            if len(pairs) > 1 or not units[index].weight \
+                    or self._sides(units[index], pairs) is not None:
                 bundles.append([index])
                 continue
             # same memory, shape and strides: the same values (none was edited in place)
@@ -735,11 +862,13 @@ class GradientCapture:
         if dim % tensor.ndim == tensor.ndim - 1:
             raise ValueError(f"`batch_dim`={dim} is the feature axis of layer {name!r}.")
 
-    def _accumulate(self, bundle: list[int], records: list[list[tuple[Any, Any]]], n: int,
-                    blocks: _Blocks, rows: _Rows, acc: Any) -> None:
-        """Add one bundle of layers (see ``_bundles``) to the blocks."""
+    def _accumulate(self, layers: list[_Unit], records: list[list[tuple[Any, Any]]], n: int,
+                    blocks: _Blocks, rows: _Rows, acc: Any,
+                    norms: list[tuple[str, str, Any]]) -> None:
+        """Add one bundle of units (see ``_bundles``) to the blocks, and the largest
+        magnitude of each of their δ and inputs to ``norms``."""
         torch = _torch()
-        sides = self._sides(bundle[0], records[0]) if len(bundle) == 1 else None
+        sides = self._sides(layers[0], records[0]) if len(layers) == 1 else None
         pairs = records[0]
         if len(pairs) == 1:
             h = self._token_rows(pairs[0][0], n)
@@ -749,7 +878,12 @@ class GradientCapture:
         d = ds[0] if len(ds) == 1 else torch.cat(ds, dim=1 if len(records) == 1 else 2)
         if d.dtype != acc:
             d = d.to(acc)
-        layers = [self._layers[index] for index in bundle]
+        # a reduction on the device, read only when K is not finite
+        widths = [int(calls[0][1].shape[-1]) for calls in records]
+        norms.extend((unit.name, "output gradient", torch.linalg.vector_norm(part, ord=math.inf))
+                     for unit, part in zip(layers, d.split(widths, dim=-1), strict=True))
+        if layers[0].weight:
+            norms.append((layers[0].name, "input", torch.linalg.vector_norm(h, ord=math.inf)))
         if any(layer.bias for layer in layers):
             sums = d.sum(dim=1)
             if not all(layer.bias for layer in layers):
@@ -765,7 +899,7 @@ class GradientCapture:
             h = h.to(acc)
         if sides is not None:
             k_out, k_in = sides
-            index = bundle[0]
+            index = layers[0].index
             if k_out < d.shape[-1]:
                 d = d @ _projection(torch, k_out, int(d.shape[-1]), self._sketch, self._seed,
                                     index, 0).to(device=d.device, dtype=acc).T
@@ -776,6 +910,21 @@ class GradientCapture:
             blocks.add_token_pairs(d, h)
             return
         rows.add_products(d, h)
+
+
+def _check_finite(out: Any, objectives: Any, norms: list[tuple[str, str, Any]]) -> None:
+    """Raise a ValueError saying where a non-finite Gram matrix comes from."""
+    torch = _torch()
+    if bool(torch.isfinite(out).all()):
+        return
+    if not bool(torch.isfinite(objectives.detach()).all()):
+        where = "`objectives` holds NaN or inf"
+    else:
+        bad = [f"{name!r} ({what})" for name, what, norm in norms
+               if not bool(torch.isfinite(norm))]
+        where = (f"NaN or inf in {', '.join(dict.fromkeys(bad))}" if bad else
+                 f"its products overflowed {out.dtype} (K of magnitude beyond its range)")
+    raise ValueError(f"the Gram matrix is not finite: {where}.")
 
 
 class _Blocks:

@@ -1,0 +1,288 @@
+"""GradientCapture under activation checkpointing, with parameters shared by several
+layers, and with non-finite values.
+
+The oracle is brute-force per-response autograd over the distinct parameters the capture
+covers (``brute_force`` of tests/test_gram.py); float64 results must match it to rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import advcal._torch_gram as tg  # noqa: E402
+from advcal.torch import GradientCapture, last_blocks  # noqa: E402
+from tests.test_gram import (  # noqa: E402
+    LAYOUTS,
+    TokenMLP,
+    brute_force,
+    captured,
+    layout_blocks,
+    make_batch,
+    make_model,
+    objectives_of,
+    relative_error,
+)
+
+nn = torch.nn
+# float64 throughout; Llama's RMSNorm computes in float32 inside, which the brute force
+# shares, so both sides see the same rounding and differ by float64 summation order only
+EXACT = 1e-10
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> object:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def checkpointed_llama(reentrant: bool) -> nn.Module:
+    model = make_model("llama")
+    model.model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.model.config.use_cache = False
+    return model.train()  # transformers checkpoints only in training mode (no dropout here)
+
+
+def uncheckpointed_brute_force(model: nn.Module, batch: tuple[torch.Tensor, ...],
+                               layout: dict) -> np.ndarray:
+    """Brute force on the same model with checkpointing off (the same function)."""
+    model.model.gradient_checkpointing_disable()
+    params = list({id(p): p for p in GradientCapture(model).parameters()}.values())
+    return layout_blocks(brute_force(model, batch, params), layout)
+
+
+# --------------------------------------------------------------------------- checkpointing
+
+
+@pytest.mark.parametrize("route", [None, "materialise", "pairs"])
+def test_non_reentrant_checkpointing_is_exact(route: str | None,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(tg, "_FORCE_ROUTE", route)
+    model = checkpointed_llama(reentrant=False)
+    batch = make_batch(6, vocab=24)
+    layout = LAYOUTS["dense"]
+    gram, capture = captured(model, batch, layout)
+    # every linear layer ran and is covered: 7 per block and the head
+    assert len(capture.parameters()) == len(capture.layers) == 15
+    expected = uncheckpointed_brute_force(model, batch, layout)
+    assert relative_error(gram, expected) <= EXACT
+
+
+@pytest.mark.parametrize("layers", [None, "last", "named"])
+def test_reentrant_checkpointing_is_refused(layers: str | None) -> None:
+    # Its forward runs under no_grad, so the checkpointed layers record nothing: K would
+    # cover the LM head alone while capture.layers lists every layer.
+    pytest.importorskip("transformers")
+    model = checkpointed_llama(reentrant=True)
+    selection = {None: None, "last": last_blocks(model.model, 1),
+                 "named": ["model.model.layers.1", "model.lm_head"]}[layers]
+    with pytest.raises(ValueError, match="reentrant activation checkpointing") as info:
+        captured(model, make_batch(6, vocab=24), LAYOUTS["dense"], layers=selection)
+    message = str(info.value)
+    assert "model.model.layers.1.self_attn.q_proj" in message
+    assert "use_reentrant=False" in message and "did not run" not in message
+    # the same model without checkpointing: the Gram is exact over every listed layer
+    model.model.gradient_checkpointing_disable()
+    gram, capture = captured(model, make_batch(6, vocab=24), LAYOUTS["dense"],
+                             layers=selection)
+    assert capture.parameters() and len(capture.parameters()) == len(capture.layers)
+
+
+class ReentrantMLP(TokenMLP):
+    """A reentrant checkpoint around ``where``: "inside" fc1, "between" fc1 and fc2 (no
+    covered layer inside, but fc1's δ flows through it), or "below" every covered layer."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        e = self.embed(ids)
+        if self.where == "below":
+            e = checkpoint(torch.sin, e, use_reentrant=True)
+        if self.where == "inside":
+            h = checkpoint(lambda x: torch.tanh(self.fc1(x)), e, use_reentrant=True)
+        else:
+            h = torch.tanh(self.fc1(e))
+        if self.where == "between":
+            h = checkpoint(torch.sin, h, use_reentrant=True)
+        return self.fc2(h)
+
+
+def test_reentrant_checkpoint_around_no_covered_layer() -> None:
+    layout = {"group_size": 3}
+    batch = make_batch(6)
+    torch.manual_seed(0)
+    inside = ReentrantMLP("inside").double()
+    with pytest.raises(ValueError, match=r"\['fc1'\] ran inside reentrant"):
+        captured(inside, batch, layout)
+    with pytest.raises(ValueError, match=r"\['fc1'\] ran inside reentrant"):
+        captured(inside, batch, layout, layers=["fc1", "fc2"])
+    torch.manual_seed(0)
+    between = ReentrantMLP("between").double()
+    with pytest.raises(ValueError, match="flows through reentrant.*use_reentrant=False"):
+        captured(between, batch, layout)
+    # below every covered layer the Gram's backward never reaches the checkpoint: exact
+    torch.manual_seed(0)
+    below = ReentrantMLP("below").double()
+    gram, capture = captured(below, batch, layout)
+    assert capture.parameters() == [below.fc1.weight, below.fc1.bias, below.fc2.weight,
+                                    below.fc2.bias]
+    expected = layout_blocks(brute_force(below, batch, capture.parameters()), layout)
+    assert relative_error(gram, expected) <= EXACT
+
+
+def test_a_layer_run_only_without_gradients_is_named_so() -> None:
+    class NoGrad(TokenMLP):
+        def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+            e = self.embed(ids)
+            with torch.no_grad():
+                gate = torch.sigmoid(self.fc1(e)).mean(-1, keepdim=True)
+            return self.fc2(torch.tanh(e.sum(-1, keepdim=True) * gate).expand(-1, -1, 9))
+
+    torch.manual_seed(0)
+    model = NoGrad().double()
+    with pytest.raises(ValueError, match=r"\['fc1'\] ran only with gradients disabled"):
+        captured(model, make_batch(6), {"group_size": 3}, layers=["fc1", "fc2"])
+    # chosen by a rule, fc1 (whose gradient from J is zero) drops out, as before
+    gram, capture = captured(model, make_batch(6), {"group_size": 3})
+    assert capture.parameters() == [model.fc2.weight, model.fc2.bias]
+
+
+# --------------------------------------------------------------------------- sharing
+
+
+class Shared(TokenMLP):
+    """fc1's parameters used by a second module: ``what`` is "weight" (g shares fc1's
+    weight, has its own bias), "both" (g shares weight and bias), "bias" (g shares fc1's
+    bias only), or "conv1d" (a transformers Conv1D uses fc1's weight transposed, and fc1
+    runs twice)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+        if what == "conv1d":
+            from transformers.pytorch_utils import Conv1D
+
+            self.g = Conv1D(6, 9)  # maps 9 -> 6 with a (9, 6) weight: fc1's, transposed
+        else:
+            self.g = nn.Linear(6, 9)
+        if what in ("weight", "both", "conv1d"):
+            self.g.weight = self.fc1.weight
+        if what in ("both", "bias"):
+            self.g.bias = self.fc1.bias
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        e = self.embed(ids)
+        h = torch.tanh(self.fc1(e))
+        if self.what == "conv1d":
+            return self.fc2(torch.tanh(self.fc1(e + self.g(h))))
+        return self.fc2(h * torch.tanh(self.g(e.flip(1) + 0.2)))
+
+
+@pytest.mark.parametrize("route", ["materialise", "pairs"])
+@pytest.mark.parametrize("what", ["weight", "both", "bias", "conv1d"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_parameter_shared_by_two_layers_keeps_its_cross_terms(
+        what: str, layout: str, route: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The parameter's gradient is the sum over its uses: K_ij holds ⟨g_i^(1), g_j^(2)⟩.
+    if what == "conv1d":
+        pytest.importorskip("transformers")
+    monkeypatch.setattr(tg, "_FORCE_ROUTE", route)
+    torch.manual_seed(0)
+    model = Shared(what).double()
+    batch = make_batch(9)
+    gram, capture = captured(model, batch, LAYOUTS[layout])
+    assert capture.layers == ["fc1", "fc2", "g"]
+    params = capture.parameters()
+    assert len({id(p) for p in params}) == len(params)  # each parameter once
+    assert {id(p) for p in params} == {id(p) for p in model.parameters()} - {
+        id(model.embed.weight)}
+    expected = layout_blocks(brute_force(model, batch, params), LAYOUTS[layout])
+    assert relative_error(gram, expected) <= EXACT
+
+
+def test_shared_parameters_sketched() -> None:
+    # A sketch wide enough for every weight is exact; a narrow one is unbiased for the
+    # true K (cross terms included): mean of 200 seeds within 4 standard errors.
+    torch.manual_seed(0)
+    model = Shared("weight").double()
+    batch = make_batch(6)
+    layout = {"offsets": np.array([0, 2, 6])}
+    exact, capture = captured(model, batch, layout)
+    assert relative_error(exact, layout_blocks(brute_force(model, batch, capture.parameters()),
+                                               layout)) <= EXACT
+    wide, _ = captured(model, batch, layout, sketch_dim=128)
+    np.testing.assert_allclose(wide, exact, rtol=1e-12, atol=0)
+    draws = np.stack([captured(model, batch, layout, sketch_dim=16, seed=seed)[0]
+                      for seed in range(200)])
+    mean = draws.mean(axis=0)
+    se = draws.std(axis=0, ddof=1) / np.sqrt(len(draws))
+    assert (se > 0).all() and (np.abs(mean - exact) <= 4 * se).all()
+
+
+# --------------------------------------------------------------------------- non-finite
+
+
+def test_non_finite_objectives_raise() -> None:
+    model = make_model("mlp")
+    with torch.no_grad():
+        model.fc2.bias[3] = float("nan")
+    with pytest.raises(ValueError, match="Gram matrix is not finite: `objectives`"):
+        captured(model, make_batch(6), {"group_size": 3})
+
+
+class MaskedInf(TokenMLP):
+    """The last position's embedding is inf, and torch.where drops its logits: the
+    objectives are finite, but fc1's weight gradient is 0 · inf there (NaN, as brute
+    force gives it)."""
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        e = self.embed(ids).clone()
+        e[:, -1] = float("inf")
+        logits = self.fc2(torch.tanh(self.fc1(e)))
+        keep = torch.ones_like(logits, dtype=torch.bool)
+        keep[:, -1] = False
+        return torch.where(keep, logits, torch.zeros_like(logits))
+
+
+def test_non_finite_layer_input_is_named() -> None:
+    torch.manual_seed(0)
+    model = MaskedInf().double()
+    batch = make_batch(6)
+    with torch.no_grad():
+        assert torch.isfinite(objectives_of(model, batch)).all()
+    with pytest.raises(ValueError, match=r"not finite: NaN or inf in .*'fc1' \(input\)"):
+        captured(model, batch, {"group_size": 3})
+
+
+def test_overflow_raises() -> None:
+    # float32 inputs of 1e19 and δ = 1 give finite objectives (about 1e20), but
+    # K ~ (5 tokens · 1e19)² overflows float32's 3.4e38
+    class Big(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 1, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x * 1e19)
+
+    torch.manual_seed(0)
+    model = Big()
+    x = torch.rand(4, 5, 4) + 1.0
+    with GradientCapture(model) as capture:
+        objectives = model(x).sum(dim=(1, 2))
+    assert torch.isfinite(objectives).all()
+    with pytest.raises(ValueError, match="not finite: its products overflowed"):
+        capture.gram(objectives, group_size=2)
