@@ -29,15 +29,15 @@ import json
 import math
 import numbers
 import os
-import tempfile
 import zipfile
 from collections.abc import Mapping
-from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
+from advcal import _npy
+from advcal._files import atomic_write, open_regular, user_path
 from advcal.conformal import RANGE_METHODS, RangeCalibration, conformal_quantile
 from advcal.registry import ESTIMATORS
 from advcal.risk import ThresholdSelection
@@ -56,10 +56,14 @@ __all__ = [
 FORMAT_NAME = "advcal.calibration"
 FORMAT_VERSION = 1
 HEADER = "header.json"
-# A header is a few hundred bytes plus the category labels; an array member is refused
-# above this size before it is decompressed (a zip bomb is refused without reading it).
-MAX_HEADER_BYTES = 64 << 20
-MAX_MEMBER_BYTES = 4 << 30
+# load_calibration's default memory budget for a file's contents, checked from the zip
+# directory and the headers before anything is decompressed (a zip bomb is never read).
+MAX_BYTES = 1 << 30
+# Parsing JSON into Python objects takes up to ~30 bytes per byte of text ("[[]]," nests
+# lists); header.json is charged at this rate against the budget.
+JSON_COST = 64
+# A calibration has at most a dozen array members; more is not a calibration file.
+MAX_MEMBERS = 64
 # Recovery sums η* ∈ [0, 1] over the accepted groups: allow rounding of that sum.
 _RECOVERY_RTOL = 1e-9
 
@@ -79,7 +83,11 @@ def _real(value: Any, name: str, *, low: float | None = None, high: float | None
           allow_neg_inf: bool = False) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"`{name}` must be a real number; got {type(value).__name__}.")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an integer beyond the float range
+        raise ValueError(f"`{name}` must be finite; got an integer beyond the float "
+                         "range.") from None
     if math.isnan(v):
         raise ValueError(f"`{name}` must not be NaN.")
     if math.isinf(v) and not ((v > 0 and allow_inf) or (v < 0 and allow_neg_inf)):
@@ -357,8 +365,11 @@ def _decode_float(value: Any, name: str) -> float:
     if isinstance(value, str) and value in ("inf", "-inf", "nan"):
         return float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"`{name}` must be a number in the file; got {value!r}.")
-    return float(value)
+        raise ValueError(f"`{name}` must be a number in the file; got {_short(value)}.")
+    try:
+        return float(value)
+    except OverflowError:  # JSON integers have no range; floats do
+        raise ValueError(f"`{name}` is an integer too large for a float in the file.") from None
 
 
 def _encode_value(value: Any, name: str) -> dict[str, Any]:
@@ -411,11 +422,20 @@ def _decode_value(tagged: Any, name: str) -> Any:
     if kind in ("numpy", "ndarray"):
         dtype = _safe_dtype(tagged.get("dtype"), name)
         if kind == "numpy":
-            return dtype.type(_decode_value(value, name))
-        if not isinstance(value, list):
+            item = _decode_value(value, name)
+        elif isinstance(value, list):
+            item = [_decode_value(v, name) for v in value]
+        else:
             raise ValueError(f"`{name}` must hold a list in the file.")
-        return np.array([_decode_value(v, name) for v in value], dtype=dtype)
-    raise ValueError(f"`{name}` has an invalid tagged value {tagged!r} in the file.")
+        if not all(type(v) in (bool, int, float) for v in (item if kind == "ndarray"
+                                                           else [item])):
+            raise ValueError(f"`{name}` must hold numbers for dtype {dtype} in the file.")
+        try:
+            return dtype.type(item) if kind == "numpy" else np.array(item, dtype=dtype)
+        except (OverflowError, ValueError, TypeError):  # e.g. 300 for int8
+            raise ValueError(f"`{name}` holds a value out of range for dtype {dtype} in the "
+                             "file.") from None
+    raise ValueError(f"`{name}` has an invalid tagged value {_short(tagged)} in the file.")
 
 
 def _safe_dtype(text: Any, name: str) -> np.dtype:
@@ -622,11 +642,11 @@ def save_calibration(path: str | os.PathLike[str], obj: Any) -> None:
     >>> back.rho == cal.rho, back.scores.tobytes() == cal.scores.tobytes()
     (True, True)
     """
+    target = user_path(path, "path")
     kind = _validate(obj)
     _check_consistent(kind, obj)
     fields, arrays = _encode(obj, kind)
     from advcal import __version__  # the package root imports this module
-
 
     header = {
         "format": FORMAT_NAME,
@@ -638,53 +658,67 @@ def save_calibration(path: str | os.PathLike[str], obj: Any) -> None:
                    for name, arr in arrays.items()},
     }
     text = json.dumps(header, allow_nan=False, ensure_ascii=False, indent=1)
-    target = Path(os.fspath(path))
-    folder = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as zf:
+
+    def write(f: IO[bytes]) -> None:
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as zf:
             zf.writestr(HEADER, text.encode("utf-8"))
             for name, arr in arrays.items():
                 zf.writestr(f"{name}.npy", _npy_bytes(arr))
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    atomic_write(target, write, "calibration file")
 
 
-def _read_header(zf: zipfile.ZipFile, where: str) -> dict[str, Any]:
+def _read_header(zf: zipfile.ZipFile, where: str, max_bytes: int) -> dict[str, Any]:
     try:
         info = zf.getinfo(HEADER)
     except KeyError:
         raise ValueError(f"{where}: not an advcal calibration file (no {HEADER} member; "
                          "files are written by advcal.save_calibration).") from None
-    if info.file_size > MAX_HEADER_BYTES:
-        raise ValueError(f"{where}: {HEADER} is larger than {MAX_HEADER_BYTES} bytes.")
+    if info.file_size * JSON_COST > max_bytes:
+        raise ValueError(f"{where}: {HEADER} is {info.file_size:,} bytes; parsing it may take "
+                         f"{JSON_COST} bytes of memory per byte, over max_bytes = "
+                         f"{max_bytes:,} (pass a larger max_bytes to load it).")
     try:
-        header = json.loads(zf.read(info).decode("utf-8"),
+        _npy.check_member(info, HEADER)
+        with _npy.zip_errors(HEADER):
+            raw = zf.read(info)
+    except _npy.NpyError as exc:
+        raise ValueError(f"{where}: {exc}.") from None
+    try:
+        header = json.loads(raw.decode("utf-8"),
                             parse_constant=lambda c: _bad_constant(c, where))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"{where}: {HEADER} is not valid UTF-8 JSON ({exc}).") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        if str(exc).startswith(where):
+            raise
+        raise ValueError(f"{where}: {HEADER} is not valid JSON ({exc}).") from None
     if not isinstance(header, dict):
         raise ValueError(f"{where}: {HEADER} must be a JSON object.")
     if header.get("format") != FORMAT_NAME:
-        raise ValueError(f"{where}: `format` is {header.get('format')!r}, not "
+        raise ValueError(f"{where}: `format` is {_short(header.get('format'))}, not "
                          f"{FORMAT_NAME!r}: not an advcal calibration file.")
     version = header.get("version")
     if type(version) is not int or version < 1:
-        raise ValueError(f"{where}: `version` must be a positive integer; got {version!r}.")
+        raise ValueError(f"{where}: `version` must be a positive integer; got "
+                         f"{_short(version)}.")
     if version > FORMAT_VERSION:
         raise ValueError(f"{where}: written in calibration format version {version}, newer "
                          f"than this advcal reads (up to version {FORMAT_VERSION}); upgrade "
                          "advcal to load it.")
     if header.get("kind") not in KINDS:
         raise ValueError(f"{where}: `kind` must be one of {', '.join(KINDS)}; got "
-                         f"{header.get('kind')!r}.")
+                         f"{_short(header.get('kind'))}.")
     for key in ("fields", "arrays"):
         if not isinstance(header.get(key), dict):
             raise ValueError(f"{where}: `{key}` must be a JSON object in {HEADER}.")
     return header
+
+
+def _short(value: Any) -> str:
+    # repr of a value from the file, cut short: an error message stays one short line.
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _bad_constant(constant: str, where: str) -> Any:
@@ -692,53 +726,56 @@ def _bad_constant(constant: str, where: str) -> Any:
                      "(infinities are written as strings).")
 
 
-def _read_member(zf: zipfile.ZipFile, name: str, spec: Any, where: str) -> np.ndarray:
+def _declared(name: str, spec: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    """The dtype and shape ``header.json`` declares for the member ``name``."""
     if not isinstance(spec, dict) or not isinstance(spec.get("shape"), list) or not all(
-            type(s) is int and s >= 0 for s in spec["shape"]):
-        raise ValueError(f"{where}: `{name}` has a malformed declaration in {HEADER}.")
-    dtype = _safe_dtype(spec.get("dtype"), name)
-    shape = tuple(spec["shape"])
-    nbytes = dtype.itemsize * math.prod(shape)
+            type(s) is int and s >= 0 for s in spec["shape"]) \
+            or len(spec["shape"]) > _npy.MAX_NDIM:
+        raise ValueError(f"`{name}` has a malformed declaration in {HEADER}.")
+    return _safe_dtype(spec.get("dtype"), name), tuple(spec["shape"])
+
+
+def _read_member(zf: zipfile.ZipFile, name: str, dtype: np.dtype, shape: tuple[int, ...],
+                 max_bytes: int) -> np.ndarray:
     try:
         info = zf.getinfo(f"{name}.npy")
     except KeyError:
-        raise ValueError(f"{where}: `{name}` is missing (no member {name}.npy).") from None
-    if nbytes > MAX_MEMBER_BYTES or info.file_size > nbytes + 65536 + 128:
-        raise ValueError(f"{where}: `{name}` is larger than its declared dtype and shape "
-                         "allow; refused before reading.")
-    with zf.open(info) as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                found_shape, fortran, found_dtype = np.lib.format.read_array_header_1_0(f)
-            else:
-                found_shape, fortran, found_dtype = np.lib.format.read_array_header_2_0(f)
-        except ValueError as exc:
-            raise ValueError(f"{where}: `{name}` is not a valid .npy member ({exc}).") from None
-        if found_dtype.hasobject:
-            raise ValueError(f"{where}: `{name}` holds Python objects (a pickle); refused.")
-        if found_dtype != dtype or tuple(found_shape) != shape:
-            raise ValueError(f"{where}: `{name}` has dtype {found_dtype} and shape "
-                             f"{tuple(found_shape)}; {HEADER} declares {dtype} and {shape}.")
-        data = f.read(nbytes + 1)
-    if len(data) != nbytes:
-        raise ValueError(f"{where}: `{name}` is truncated or has trailing bytes.")
-    arr = np.frombuffer(data, dtype=dtype)
-    if fortran:
-        return np.asfortranarray(arr.reshape(shape[::-1]).T)
-    return arr.reshape(shape).copy()
+        raise ValueError(f"`{name}` is missing (no member {name}.npy).") from None
+    nbytes = dtype.itemsize * math.prod(shape)
+    if info.file_size > nbytes + _npy.MAX_HEADER_BYTES + 16:
+        raise ValueError(f"`{name}` is larger than its declared dtype and shape allow; "
+                         "refused before reading.")
+
+    def agrees(header: _npy.NpyHeader) -> None:
+        if header.dtype != dtype or header.shape != shape:
+            raise _npy.NpyError(f"`{name}` has dtype {header.dtype} and shape "
+                                f"{header.shape}; {HEADER} declares {dtype} and {shape}")
+
+    try:
+        return _npy.read_member(zf, info, f"`{name}`", max_bytes, exact=True,
+                                header_check=agrees)
+    except _npy.NpyError as exc:
+        raise ValueError(f"{exc}.") from None
 
 
-def load_calibration(path: str | os.PathLike[str], *, kind: type | None = None) -> Any:
+def load_calibration(path: str | os.PathLike[str], *, kind: type | None = None,
+                     max_bytes: int = MAX_BYTES) -> Any:
     """Read a calibration written by :func:`save_calibration`, validating every field.
 
     Parameters
     ----------
     path : str or path-like
-        The file.
+        The file; only a regular file (or a symlink to one) is read.
     kind : type, optional
         The class expected (``SetCalibration``, ``RangeCalibration`` or
         ``ThresholdSelection``); a file holding another kind is a ``TypeError``.
+    max_bytes : int, default 2**30
+        The memory the file's contents may take once read: the bytes of its arrays (their
+        declared dtype and shape, an empty dimension counted as 1) plus ``JSON_COST`` (64)
+        bytes per byte of ``header.json``, what parsing JSON may take.  Checked from the
+        zip directory and the headers before anything is decompressed; the peak memory of
+        a load is then about the arrays it returns, and never more than ``max_bytes``
+        plus a 1 MiB read buffer.
 
     Returns
     -------
@@ -750,10 +787,16 @@ def load_calibration(path: str | os.PathLike[str], *, kind: type | None = None) 
     ------
     ValueError
         The file is not an advcal calibration (not a zip/npz archive, no header, another
-        format), was written by a newer format version, holds pickled or undeclared
-        members, or a field fails validation; the message names the field.
+        format), is corrupt (a CRC mismatch, a broken or truncated member), was written by
+        a newer format version, holds pickled, undeclared, encrypted or bzip2/LZMA
+        members or more than 64 of them, is over ``max_bytes``, or a field fails
+        validation; the message names the file and the field.
+    TypeError
+        ``path`` is not a str or path-like object (bytes paths included), ``max_bytes`` is
+        not an integer, or the file holds another ``kind``.
     OSError
-        The file cannot be read.
+        The file cannot be opened or is not a regular file (a FIFO, a device, a
+        directory); the message names the file.
 
     Examples
     --------
@@ -767,34 +810,59 @@ def load_calibration(path: str | os.PathLike[str], *, kind: type | None = None) 
     >>> dict(load_calibration(path).radius)
     {'a': 0.1, 1: 0.2}
     """
-    where = os.fspath(path)
-    try:
-        zf = zipfile.ZipFile(where)
-    except zipfile.BadZipFile:
-        raise ValueError(f"{where}: not an advcal calibration file (not an .npz/zip "
-                         "archive).") from None
-    with zf:
-        header = _read_header(zf, where)
-        declared = header["arrays"]
-        expected_members = {HEADER} | {f"{name}.npy" for name in declared}
-        for member in zf.namelist():
-            if member not in expected_members:
-                raise ValueError(f"{where}: unexpected member {member!r} (not declared in "
-                                 f"{HEADER}).")
+    source = user_path(path, "path")
+    if isinstance(max_bytes, (bool, np.bool_)) or not isinstance(max_bytes, numbers.Integral):
+        raise TypeError(f"`max_bytes` must be an integer; got {type(max_bytes).__name__}.")
+    if max_bytes <= 0:
+        raise ValueError(f"`max_bytes` must be positive; got {max_bytes}.")
+    max_bytes = int(max_bytes)
+    if kind is not None and kind not in (SetCalibration, RangeCalibration, ThresholdSelection):
+        raise TypeError("`kind` must be SetCalibration, RangeCalibration, ThresholdSelection "
+                        f"or None; got {_short(kind)}.")
+    where = str(source)
+    f, size = open_regular(source, "calibration file")
+    with f:
         try:
-            arrays = {name: _read_member(zf, name, spec, where)
-                      for name, spec in declared.items()}
-        except (zipfile.BadZipFile, EOFError, OSError) as exc:
-            if isinstance(exc, FileNotFoundError):
-                raise
-            raise ValueError(f"{where}: corrupt archive ({exc}).") from None
+            zf = _npy.open_zip(f, size, MAX_MEMBERS)
+        except _npy.NpyError as exc:
+            raise ValueError(f"{where}: not an advcal calibration file ({exc}).") from None
+        with zf:
+            arrays, header = _read_archive(zf, where, max_bytes)
     found = header["kind"]
     try:
         obj = _decode(found, header["fields"], arrays)
         _validate(obj)  # ThresholdSelection has no constructor checks of its own
         _check_consistent(found, obj)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise ValueError(f"{where}: {exc}") from None
     if kind is not None and type(obj) is not kind:
-        raise TypeError(f"{where}: holds a {found}, not a {getattr(kind, '__name__', kind)}.")
+        raise TypeError(f"{where}: holds a {found}, not a {kind.__name__}.")
     return obj
+
+
+def _read_archive(zf: zipfile.ZipFile, where: str, max_bytes: int
+                  ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The array members and the parsed header of an open calibration archive."""
+    header = _read_header(zf, where, max_bytes)
+    declared = header["arrays"]
+    expected_members = {HEADER} | {f"{name}.npy" for name in declared}
+    for member in zf.namelist():
+        if member not in expected_members:
+            raise ValueError(f"{where}: unexpected member {_short(member)} (not declared in "
+                             f"{HEADER}).")
+    try:
+        specs = {name: _declared(name, spec) for name, spec in declared.items()}
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    budget = zf.getinfo(HEADER).file_size * JSON_COST
+    budget += sum(_npy.footprint(shape, dtype.itemsize) for dtype, shape in specs.values())
+    if budget > max_bytes:
+        raise ValueError(f"{where}: its arrays and header take {budget:,} bytes once read, "
+                         f"over max_bytes = {max_bytes:,}; refused before reading (pass a "
+                         "larger max_bytes to load it).")
+    try:
+        arrays = {name: _read_member(zf, name, dtype, shape, max_bytes)
+                  for name, (dtype, shape) in specs.items()}
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return arrays, header
