@@ -304,9 +304,8 @@ class _FakeCapture:
                                                         strict=True)]
         return np.concatenate([self.full[np.ix_(m, m)].ravel() for m in members])
 
-    def _gram(self, objectives, start, offsets, group_ids, group_size, output, keep, extra):
+    def _gram(self, objectives, start, offsets, group_ids, group_size, output):
         assert start is None and group_size is None and output == "numpy"
-        assert not keep and extra is None
         return self.gram(objectives, offsets, group_ids)
 
 
@@ -325,9 +324,8 @@ def _setgrpo_state(calibration, parent: type = object, **settings):
 
     state = object.__new__(type("State", (AdvcalGRPOMixin, parent), {}))
     state._advcal = _settings_iv("setgrpo", None, calibration, TAU, settings.get("layers"),
-                                 None, 0, False)
+                                 None, 0)
     state.loss_type, state.max_completion_length = "grpo", 3
-    state._advcal_parameters = None  # (no single backward: set by _compute_loss)
     state.accelerator = types.SimpleNamespace(num_processes=1, unwrap_model=lambda m: m)
     state._metrics = {"train": collections.defaultdict(list)}
     return state
