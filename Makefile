@@ -81,8 +81,8 @@ ifneq ($(CI),)
 endif
 	ADVCAL_SITE_DIR=site $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_site_math.py
 
-# Also the compiled kernels numba cached (advcal/_numba_cache.py says where): in the tree,
-# under $NUMBA_CACHE_DIR, and in the user cache directory.
+# Also the compiled kernels advcal cached (advcal/_numba_cache.py says where): under
+# $NUMBA_CACHE_DIR or in the user cache directory, and any that older versions left in the tree.
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	find advcal \( -name '*.nbi' -o -name '*.nbc' \) -delete

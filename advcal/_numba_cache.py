@@ -2,8 +2,9 @@
 
 numba's own ``cache=True`` keys a cached kernel on the file that defines it, so a kernel
 keeps running old code after an edit to a constant or an ``@njit`` helper it imports from
-another file; it raises on a corrupt cache file; and it raises ``cannot cache function``
-when no cache directory is writable.  Here instead:
+another file; it raises on a corrupt cache file; it raises ``cannot cache function`` when no
+cache directory is writable; and it loads whatever a directory others can write holds.
+Here instead:
 
 - every kernel's cache lives in a directory named after a content hash of the engine
   sources (every ``*.py`` in ``advcal/_kernels/``, and this file), and the index records
@@ -16,19 +17,28 @@ when no cache directory is writable.  Here instead:
   cache miss: the kernel is compiled and the file overwritten, with a ``KernelCacheWarning``;
   a failed save also only warns.  Files carry a checksum, so corrupt bytes never reach the
   unpickler or the linker;
-- the cache goes to the first writable one of ``$NUMBA_CACHE_DIR/advcal``,
-  ``advcal/_kernels/__pycache__`` and the user cache directory (``$XDG_CACHE_HOME/advcal``,
-  by default ``~/.cache/advcal``), each holding one ``kernels-<source hash>`` directory;
-  with none writable, kernels are compiled in memory only.
+- the cache goes to ``$NUMBA_CACHE_DIR/advcal`` where ``NUMBA_CACHE_DIR`` is set, and to the
+  user cache directory otherwise (``$XDG_CACHE_HOME/advcal``, by default
+  ``~/.cache/advcal``), never into the installed package.  It holds one
+  ``kernels-<source hash>`` directory.  A checksum only catches damage, not a planted entry,
+  and a cached entry is unpickled and linked into the process: so the cache is used only
+  where no other user can have written it.  Every directory on its resolved path must be
+  owned by this user or by root and be writable by no one else (a sticky directory such as
+  ``/tmp`` excepted); the ``advcal`` directory, the ``kernels-`` one and any directory
+  created on the way (mode 0700) must be this user's own.  Where that fails, or nothing can
+  be created or written there, kernels are compiled in memory only, with one
+  ``KernelCacheDisabledWarning`` per process.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
-import shutil
+import stat
 import sys
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable
 from functools import cache
@@ -46,15 +56,21 @@ from numba.core.caching import (
 )
 from numba.misc.appdirs import user_cache_dir
 
-__all__ = ["KernelCacheWarning", "cache_dir", "cached_njit", "source_hash"]
+__all__ = ["KernelCacheDisabledWarning", "KernelCacheWarning", "cache_dir", "cached_njit",
+           "source_hash"]
 
 ENGINE_DIR = Path(__file__).resolve().parent / "_kernels"
 _PREFIX = "kernels-"
 _DIGEST = hashlib.sha256().digest_size
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
 class KernelCacheWarning(RuntimeWarning):
     """A kernel cache file could not be read or written; the kernel was compiled instead."""
+
+
+class KernelCacheDisabledWarning(KernelCacheWarning):
+    """No cache directory is safe and writable: this process compiles kernels in memory."""
 
 
 @cache
@@ -69,39 +85,87 @@ def source_hash() -> str:
     return h.hexdigest()[:20]
 
 
-def _writable(path: Path) -> bool:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path).close()
-    except OSError:
-        return False
-    return True
+class _Unsafe(Exception):
+    """A cache directory that must not be used; the message says why."""
+
+
+def _user_folder() -> Path:
+    """``$XDG_CACHE_HOME/advcal`` (a relative value is ignored, as the XDG spec says),
+    else ``~/.cache/advcal``; the platform's own cache directory on macOS and Windows."""
+    if sys.platform in ("darwin", "win32"):
+        return Path(user_cache_dir("advcal", appauthor=False))
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return Path(xdg if os.path.isabs(xdg) else os.path.expanduser("~/.cache"), "advcal")
+
+
+def _check(path: str, st: os.stat_result, own: bool) -> None:
+    """Raise _Unsafe unless no other user can write ``path`` or rename what it holds.
+
+    ``own``: advcal's directories, which must be this user's; other directories on the way
+    may be root's, and may be writable by others where the sticky bit stops those others
+    from renaming or removing what this user put there."""
+    euid = os.geteuid()
+    if stat.S_ISLNK(st.st_mode):  # resolved beforehand: a link now is one made since
+        raise _Unsafe(f"{path} became a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        raise _Unsafe(f"{path} is not a directory")
+    if st.st_uid != euid and (own or st.st_uid != 0):
+        raise _Unsafe(f"{path} is owned by uid {st.st_uid}, not by this user (uid {euid})")
+    if st.st_mode & _OTHERS_WRITE and (own or not st.st_mode & stat.S_ISVTX):
+        raise _Unsafe(f"{path} is writable by other users (mode {stat.filemode(st.st_mode)})")
+
+
+def _safe_dir(folder: Path, leaf: str) -> Path:
+    """``folder/leaf``, resolved, created where missing (mode 0700), checked and writable;
+    raises _Unsafe or OSError.  Nothing is created below a directory that fails its check."""
+    if not folder.is_absolute():  # e.g. an unexpanded "~": it would cache under the cwd
+        raise _Unsafe(f"{str(folder)!r} is not an absolute path")
+    target = Path(os.path.realpath(folder / leaf))
+    if os.name != "posix":  # no uids or mode bits to check: the user profile's ACLs apply
+        target.mkdir(parents=True, exist_ok=True)
+    else:
+        # realpath keeps a missing tail as written: its last two names are still advcal's
+        parts = target.parts
+        for i in range(1, len(parts) + 1):
+            path = os.path.join(*parts[:i])
+            created = False
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                try:
+                    os.mkdir(path, 0o700)
+                    created = True
+                except FileExistsError:  # made by someone else meanwhile: checked below
+                    pass
+                st = os.lstat(path)
+            _check(path, st, own=created or i >= len(parts) - 1)
+    tempfile.TemporaryFile(dir=target).close()
+    return target
+
+
+_lock = threading.Lock()
+
+
+def cache_dir() -> Path | None:
+    """The directory this process caches compiled kernels in, or None (no caching).
+
+    Decided once per process, at the first compiled kernel; where it is None, one
+    ``KernelCacheDisabledWarning`` says why."""
+    with _lock:  # engine modules imported on two threads: still one decision, one warning
+        return _find_cache_dir()
 
 
 @cache
-def cache_dir() -> Path | None:
-    """The directory this process caches compiled kernels in, or None (no caching)."""
-    leaf = _PREFIX + source_hash()
-    in_tree = ENGINE_DIR / "__pycache__"
-    roots = [in_tree]
+def _find_cache_dir() -> Path | None:
     numba_dir = getattr(config, "CACHE_DIR", "")  # NUMBA_CACHE_DIR, as numba read it
-    if numba_dir:
-        roots.insert(0, Path(numba_dir).absolute() / "advcal")
+    # (NUMBA_CACHE_DIR names the one place to cache: never another one behind its back)
     try:
-        roots.append(Path(user_cache_dir("advcal", appauthor=False)))
-    except (OSError, KeyError, RuntimeError):  # no home directory to expand "~" into
-        pass
-    # (a root left relative, e.g. an unexpanded "~", would cache under the cwd: skipped)
-    for root in roots:
-        created = not (root / leaf).is_dir()
-        if root.is_absolute() and _writable(root / leaf):
-            if created and root == in_tree:
-                # The package's own cache holds kernels of earlier versions of this tree
-                # only: drop them.  Shared locations may serve other installs.
-                for old in in_tree.glob(_PREFIX + "*"):
-                    if old.name != leaf:
-                        shutil.rmtree(old, ignore_errors=True)
-            return root / leaf
+        folder = Path(numba_dir, "advcal") if numba_dir else _user_folder()
+        return _safe_dir(folder.absolute() if numba_dir else folder, _PREFIX + source_hash())
+    except (_Unsafe, OSError, KeyError, RuntimeError) as exc:  # KeyError: no home for "~"
+        reason = str(exc) if isinstance(exc, _Unsafe) else f"{type(exc).__name__}: {exc}"
+    warnings.warn(f"advcal compiles its numba kernels in memory in this process; nothing is "
+                  f"cached on disk: {reason}", KernelCacheDisabledWarning, stacklevel=4)
     return None
 
 

@@ -17,11 +17,13 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 import advcal
 
@@ -308,18 +310,44 @@ def _writable_again(tree: Path) -> None:
             path.chmod(path.stat().st_mode | stat.S_IWUSR)
 
 
-def _can_create(directory: Path) -> bool:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "probe").write_bytes(b"")
-    except OSError:
-        return False
-    return True
+def _disabled(out: dict[str, Any]) -> list[list[str]]:
+    """The cache warnings of a process that cached nothing, checked to be the one expected."""
+    assert out["cache_dir"] is None and out["paths"] == ["None"], out
+    warned = _cache_warnings(out)
+    assert [w[0] for w in warned] == ["KernelCacheDisabledWarning"], out["warnings"]
+    return warned
 
 
-def test_a_read_only_install_without_a_writable_home_runs_uncached(tmp_path: Path) -> None:
+def _tree(top: Path) -> dict[str, bytes | None]:
+    """Every path under ``top`` with its bytes (None for a directory), links not followed."""
+    return {str(p.relative_to(top)): None if p.is_dir() else p.read_bytes()
+            for p in sorted(top.rglob("*"))}
+
+
+def test_a_read_only_install_caches_in_the_user_cache_not_in_the_package(
+        tmp_path: Path) -> None:
+    """Root may write into a read-only site-packages; the cache must go to the user's
+    cache directory all the same (a package tree is shared by every user of the install)."""
     root = _copy_package(tmp_path)
-    engine_cache = root / "advcal" / "_kernels" / "__pycache__"
+    home = tmp_path / "home"
+    env = _env(root, HOME=str(home))
+    before = _tree(root)
+    _read_only(root)
+    try:
+        out = _run(root, env)
+    finally:
+        _writable_again(root)
+    _assert_right(out)
+    assert out["cache_dir"] == str(Path(os.path.realpath(home / ".cache" / "advcal"))
+                                   / Path(out["cache_dir"]).name), out["cache_dir"]
+    assert list(Path(out["cache_dir"]).glob("*.nbi"))
+    assert _tree(root) == before  # no __pycache__, no kernels- folder in the package
+    assert not _cache_warnings(out), out["warnings"]
+
+
+def test_a_read_only_install_without_a_writable_home_runs_uncached_and_warns_once(
+        tmp_path: Path) -> None:
+    root = _copy_package(tmp_path)
     # HOME and XDG_CACHE_HOME lie under a regular file: no directory can be made there,
     # not even by root.
     blocker = tmp_path / "not-a-directory"
@@ -327,23 +355,195 @@ def test_a_read_only_install_without_a_writable_home_runs_uncached(tmp_path: Pat
     env = _env(root, HOME=str(blocker / "home"), XDG_CACHE_HOME=str(blocker / "cache"))
     _read_only(root)
     try:
-        if _can_create(engine_cache):
-            # root ignores the permission bits: make the package's __pycache__ a regular
-            # file, so that nothing can be created inside it either
-            assert os.geteuid() == 0
-            _writable_again(root)
-            shutil.rmtree(engine_cache)
-            engine_cache.write_bytes(b"")
-            _read_only(root)
-        assert not _can_create(engine_cache / "x")
-        assert not _can_create(blocker / "home" / ".cache")
         out = _run(root, env)
     finally:
         _writable_again(root)
     _assert_right(out)
-    assert out["cache_dir"] is None and out["paths"] == ["None"]
-    assert not _cache_warnings(out), out["warnings"]
+    (warning,) = _disabled(out)
+    assert str(blocker) in warning[1]
     assert not list(tmp_path.rglob("*.nb[ic]"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, list[str]]:
+    """A package copy, the name of its ``kernels-`` folder and of the files a run caches
+    there: what an attacker plants entries under."""
+    top = tmp_path_factory.mktemp("reference")
+    root = _copy_package(top)
+    out = _run(root, _env(root, NUMBA_CACHE_DIR=str(top / "cache"), HOME=str(top / "home")))
+    leaf = Path(out["cache_dir"])
+    names = sorted(p.name for p in leaf.glob("*.nb[ic]"))
+    assert any(n.endswith(".nbi") for n in names) and any(n.endswith(".nbc") for n in names)
+    return root, leaf.name, names
+
+
+class _Payload:
+    """Unpickles into a directory made at ``marker``: proof that a planted entry ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return os.mkdir, (self.marker,)
+
+
+def _plant(folder: Path, leaf: str, names: list[str], marker: Path) -> None:
+    """``folder/leaf`` holding, under every cached file's name, a pickle that runs code;
+    each carries a valid checksum, as anyone can compute one."""
+    (folder / leaf).mkdir(parents=True)
+    for name in names:
+        (folder / leaf / name).write_bytes(_with_checksum(_Payload(marker)))
+
+
+def _others_own(path: Path) -> None:
+    """Give ``path`` and what it holds to user nobody (65534)."""
+    for p in [path, *path.rglob("*")]:
+        os.chown(p, 65534, 65534, follow_symlinks=False)
+
+
+LAYOUTS = ["world-writable NUMBA_CACHE_DIR", "group-writable advcal folder",
+           "advcal folder linked to a world-writable one", "advcal folder linked to nobody's"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_cache_others_can_write_is_not_used(
+        tmp_path: Path, reference: tuple[Path, str, list[str]], layout: str) -> None:
+    """Entries planted where another user could have written them never run: the process
+    compiles in memory, warns once and writes nothing there."""
+    if layout.endswith("nobody's") and os.geteuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    root, leaf, names = reference
+    cache = tmp_path / "cache"
+    marker = tmp_path / "planted-code-ran"
+    if layout.startswith("world"):
+        folder = cache / "advcal"
+        _plant(folder, leaf, names, marker)
+        for p in [cache, folder, folder / leaf]:
+            p.chmod(0o777)
+    elif layout.startswith("group"):
+        folder = cache / "advcal"
+        _plant(folder, leaf, names, marker)
+        cache.chmod(0o700)
+        folder.chmod(0o770)
+    else:
+        folder = tmp_path / "elsewhere"
+        _plant(folder, leaf, names, marker)
+        cache.mkdir(mode=0o700)
+        (cache / "advcal").symlink_to(folder, target_is_directory=True)
+        if layout.endswith("nobody's"):
+            _others_own(folder)
+        else:
+            folder.chmod(0o777)
+    before = _tree(tmp_path)
+    out = _run(root, _env(root, NUMBA_CACHE_DIR=str(cache), HOME=str(tmp_path / "home")))
+    _assert_right(out)
+    _disabled(out)
+    assert not marker.exists(), "a planted cache entry ran"
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("linked", [False, True], ids=["folder", "advcal folder linked"])
+def test_a_folder_of_the_users_own_caches_and_its_new_folders_are_private(
+        tmp_path: Path, reference: tuple[Path, str, list[str]], linked: bool) -> None:
+    root, leaf, _ = reference
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    target = cache
+    if linked:  # a link to a folder of the user's own is fine: the link target is used
+        target = tmp_path / "real"
+        target.mkdir(mode=0o700)
+        (cache / "advcal").symlink_to(target / "advcal", target_is_directory=True)
+    env = _env(root, NUMBA_CACHE_DIR=str(cache), HOME=str(tmp_path / "home"))
+    cold = _run(root, env)
+    _assert_right(cold)
+    made = Path(os.path.realpath(target / "advcal")) / leaf
+    assert cold["cache_dir"] == str(made) and cold["misses"] > 0 and cold["hits"] == 0
+    assert list(made.glob("*.nbi")) and not _cache_warnings(cold), cold["warnings"]
+    for folder in (made.parent, made):  # made by advcal: readable by this user only
+        assert stat.S_IMODE(folder.stat().st_mode) & 0o077 == 0, oct(folder.stat().st_mode)
+    warm = _run(root, env)
+    assert warm["hits"] > 0 and warm["misses"] == 0 and warm["got"] == cold["got"]
+
+
+# Runs PROBE as user nobody where the tests run as root.  The interpreter and its standard
+# library may lie where nobody cannot read them (a pyenv under /root): the process imports,
+# while still root, every module outside advcal that a run imports, then drops to nobody.
+DROP = """
+import importlib, json, os
+for _name in json.load(open({modules!r})):
+    try:
+        importlib.import_module(_name)
+    except Exception:
+        pass
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+"""
+LIST_MODULES = PROBE + """
+print(json.dumps(dict(package=advcal.__file__, modules=[
+    name for name in sys.modules if name != "__main__" and not name.startswith("advcal")])))
+"""
+
+
+@pytest.fixture(scope="module")
+def unprivileged() -> Any:
+    """(a package copy, a folder to make cases in, the code to run): both folders lie
+    outside pytest's private temporary directory, where nobody can read them."""
+    public = Path(tempfile.mkdtemp(prefix="advcal-cache-test-"))
+    try:
+        public.chmod(0o755)
+        root = _copy_package(public)
+        for p in [root, *root.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        code = PROBE
+        if os.geteuid() == 0:
+            listed = _run(root, _env(root, NUMBA_CACHE_DIR=str(public / "root-cache")),
+                          LIST_MODULES)
+            modules = public / "modules.json"
+            modules.write_text(json.dumps(listed["modules"]))
+            modules.chmod(0o644)
+            code = DROP.format(modules=str(modules)) + PROBE
+        cases = public / "cases"
+        cases.mkdir(mode=0o755)
+        yield root, cases, code
+    finally:
+        for p in [public, *public.rglob("*")]:
+            if p.is_dir() and not p.is_symlink():
+                p.chmod(0o700)
+        shutil.rmtree(public)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+@pytest.mark.parametrize("case", ["read-only NUMBA_CACHE_DIR", "unsearchable NUMBA_CACHE_DIR",
+                                  "unsearchable home"])
+def test_an_unprivileged_user_without_a_writable_cache_computes_and_warns_once(
+        unprivileged: Any, case: str) -> None:
+    """Before, ``PermissionError`` escaped from the first call (an ``is_dir`` inside a
+    folder the user may not search)."""
+    root, cases, code = unprivileged
+    folder = cases / case.replace(" ", "-")
+    folder.mkdir()
+    if os.geteuid() == 0:
+        _others_own(folder)  # the unprivileged user's own folder
+    # home and XDG_CACHE_HOME: inside the case's folder, never reached where NUMBA_CACHE_DIR
+    # is set
+    env = _env(root, HOME=str(folder / "home"))
+    if case.startswith("read-only"):
+        env["NUMBA_CACHE_DIR"] = str(folder)
+        folder.chmod(0o500)
+    elif case.startswith("unsearchable NUMBA"):
+        env["NUMBA_CACHE_DIR"] = str(folder)
+        folder.chmod(0o000)
+    else:
+        folder.chmod(0o000)
+    try:
+        out = _run(root, env, code)
+    finally:
+        folder.chmod(0o700)
+    _assert_right(out)
+    (warning,) = _disabled(out)
+    assert str(folder) in warning[1] and "Permission" in warning[1], warning
+    assert not list(folder.rglob("*"))
 
 
 def test_engine_modules_import_only_engine_modules_from_advcal() -> None:
