@@ -701,7 +701,7 @@ class GradientCapture:
         device = params[0].device
         units, work = self._units(per_layer)
         del per_layer
-        # (layer, what, max |value|) of every δ and input, to name a non-finite one
+        # (layer, what, (min, max)) of every δ and input, to name a non-finite one
         norms: list[tuple[str, str, Any]] = []
         # A trainer may call this inside its loss's autocast: the products stay in ``acc``.
         with torch.autocast(device.type, enabled=False):
@@ -865,8 +865,8 @@ class GradientCapture:
     def _accumulate(self, layers: list[_Unit], records: list[list[tuple[Any, Any]]], n: int,
                     blocks: _Blocks, rows: _Rows, acc: Any,
                     norms: list[tuple[str, str, Any]]) -> None:
-        """Add one bundle of units (see ``_bundles``) to the blocks, and the largest
-        magnitude of each of their δ and inputs to ``norms``."""
+        """Add one bundle of units (see ``_bundles``) to the blocks, and the extremes of
+        each of their δ and inputs to ``norms``."""
         torch = _torch()
         sides = self._sides(layers[0], records[0]) if len(layers) == 1 else None
         pairs = records[0]
@@ -878,12 +878,13 @@ class GradientCapture:
         d = ds[0] if len(ds) == 1 else torch.cat(ds, dim=1 if len(records) == 1 else 2)
         if d.dtype != acc:
             d = d.to(acc)
-        # a reduction on the device, read only when K is not finite
+        # (min, max) reductions on the device, which propagate NaN; read only when K is not
+        # finite
         widths = [int(calls[0][1].shape[-1]) for calls in records]
-        norms.extend((unit.name, "output gradient", torch.linalg.vector_norm(part, ord=math.inf))
+        norms.extend((unit.name, "output gradient", torch.aminmax(part))
                      for unit, part in zip(layers, d.split(widths, dim=-1), strict=True))
         if layers[0].weight:
-            norms.append((layers[0].name, "input", torch.linalg.vector_norm(h, ord=math.inf)))
+            norms.append((layers[0].name, "input", torch.aminmax(h)))
         if any(layer.bias for layer in layers):
             sums = d.sum(dim=1)
             if not all(layer.bias for layer in layers):
@@ -920,8 +921,8 @@ def _check_finite(out: Any, objectives: Any, norms: list[tuple[str, str, Any]]) 
     if not bool(torch.isfinite(objectives.detach()).all()):
         where = "`objectives` holds NaN or inf"
     else:
-        bad = [f"{name!r} ({what})" for name, what, norm in norms
-               if not bool(torch.isfinite(norm))]
+        bad = [f"{name!r} ({what})" for name, what, extremes in norms
+               if not all(bool(torch.isfinite(value)) for value in extremes)]
         where = (f"NaN or inf in {', '.join(dict.fromkeys(bad))}" if bad else
                  f"its products overflowed {out.dtype} (K of magnitude beyond its range)")
     raise ValueError(f"the Gram matrix is not finite: {where}.")
