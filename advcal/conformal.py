@@ -9,16 +9,16 @@ wrote (see ``docs/conformal.md``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from advcal._validation import as_float_array, check_bounds, check_choice, check_int, check_real
+from advcal.layouts import label_key, numpy_keeps_labels
 
 __all__ = [
     "conformal_rank",
@@ -26,6 +26,7 @@ __all__ = [
     "calibrate_ranges",
     "RangeCalibration",
     "RewardRanges",
+    "LabelMapping",
 ]
 
 # (m+1)(1-α) closer than this to an integer is that integer: float α = 0.7 is a hair
@@ -154,6 +155,235 @@ class RewardRanges(NamedTuple):
     hi: np.ndarray
 
 
+class LabelMapping(Mapping[Any, float]):
+    """A read-only mapping from category labels, under advcal's label rule.
+
+    Two labels are the same key only when they have the same type and value (see
+    :func:`advcal.layouts.label_key`): ``1``, ``True``, ``1.0`` and ``"1"`` are four keys,
+    where a ``dict`` would merge the first three.  Iteration yields the labels as they
+    were given, in order of first appearance.
+
+    Parameters
+    ----------
+    items : iterable of (label, value)
+        The entries; a label given twice (under the rule) raises ``ValueError``.
+    """
+
+    __slots__ = ("_labels", "_values")
+
+    def __init__(self, items: Iterable[tuple[Any, float]] = ()) -> None:
+        labels: dict[Any, Any] = {}
+        values: dict[Any, float] = {}
+        for label, value in items:
+            key = label_key(label)
+            if key in labels:
+                raise ValueError(f"`radius` has the label {label!r} twice.")
+            labels[key] = label
+            values[key] = value
+        self._labels = labels
+        self._values = values
+
+    def __getitem__(self, label: Any) -> float:
+        try:
+            return self._values[label_key(label)]
+        except TypeError:
+            raise KeyError(label) from None
+        except KeyError:
+            raise KeyError(label) from None
+
+    def __contains__(self, label: object) -> bool:
+        try:
+            return label_key(label) in self._values
+        except TypeError:  # an unhashable label is never a key
+            return False
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._labels.values())
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{self._labels[k]!r}: {v!r}" for k, v in self._values.items())
+        return f"LabelMapping({{{body}}})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        if isinstance(other, LabelMapping):
+            return self._values == other._values
+        try:
+            typed = LabelMapping(other.items())
+        except (TypeError, ValueError):
+            return False
+        return self._values == typed._values
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (LabelMapping, (list(self.items()),))
+
+
+# --------------------------------------------------------------------------- exact ranges
+#
+# A range must hold exactly the references y whose score, computed in float64 as at
+# calibration, is <= q (closed) or < q (opened for smoothing).  s +- q in float can be a
+# float too wide or too narrow for that, so each endpoint is searched among the floats:
+# the scores are monotone in y on each side, so the set is an interval of floats.
+
+_SIGN = np.int64(-(2**63))
+_MAGNITUDE = np.int64(2**63 - 1)
+
+
+def _float_key(x: np.ndarray) -> np.ndarray:
+    """Order-preserving int64 code of float64 values: adjacent floats differ by 1."""
+    bits = np.ascontiguousarray(x, dtype=np.float64).view(np.int64)
+    magnitude = bits & _MAGNITUDE
+    return np.where(bits < 0, -magnitude, magnitude)  # -0.0 and 0.0 share code 0
+
+
+def _key_float(key: np.ndarray) -> np.ndarray:
+    return np.where(key < 0, (-key) | _SIGN, key).view(np.float64)
+
+
+def _last_true(holds: Callable[[np.ndarray, Any], np.ndarray], start: np.ndarray,
+               low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Per element, the largest code in ``[low, high]`` where ``holds`` is true.
+
+    ``holds(codes, index)`` tests the elements ``index`` (a slice or an index array) and
+    must be monotone in the code (true, then false).  ``low - 1`` where it holds nowhere.
+    The float formula ``start`` is usually the answer or next to it: two passes over all
+    elements settle those, and the few left gallop from there, then bisect.
+    """
+    everything = slice(None)
+    probe = np.clip(start, low, high)
+    ok = holds(probe, everything)
+    side = np.where(ok, np.minimum(probe + 1, high), np.maximum(probe - 1, low))
+    ok_side = holds(side, everything)
+    # Invariant below: holds at true_at (low - 1 counts as true), fails at false_at.
+    true_at = np.where(ok, np.where(ok_side, side, probe), np.where(ok_side, side, low - 1))
+    false_at = np.where(ok, np.where(ok_side, high + 1, side), np.where(ok_side, probe, side))
+    # At high, side is probe itself: high + 1 stays the (virtual) first failure.
+    seen_true = ok | ok_side
+    seen_false = ~ok | ~ok_side
+    # The gap can exceed int64 for bounds of opposite sign near the float limits.
+    gap = false_at.astype(np.uint64) - true_at.astype(np.uint64)
+    index = np.flatnonzero(gap > 1)
+    step = np.full(index.size, 2, dtype=np.int64)
+    while index.size:
+        t, f = true_at[index], false_at[index]
+        gap = f.astype(np.uint64) - t.astype(np.uint64)
+        jump = np.minimum(step.astype(np.uint64), gap - 1).astype(np.int64)
+        half = (gap // 2).astype(np.int64)
+        st, sf = seen_true[index], seen_false[index]
+        at = np.where(st & sf, t + half, np.where(st, t + jump, f - jump))
+        ok = holds(at, index)
+        true_at[index[ok]] = at[ok]
+        seen_true[index[ok]] = True
+        false_at[index[~ok]] = at[~ok]
+        seen_false[index[~ok]] = True
+        gap = false_at[index].astype(np.uint64) - true_at[index].astype(np.uint64)
+        live = gap > 1
+        index, step = index[live], np.minimum(step[live] * 2, 2**62)
+    return true_at
+
+
+def _last_float(holds: Callable[[np.ndarray, Any], np.ndarray], guess: np.ndarray,
+                low: float, high: float) -> np.ndarray:
+    """The largest float y in ``[low, high]`` with ``holds(y, index)`` (monotone in y:
+    true, then false), per element; NaN where there is none.
+
+    The guess is checked with its neighbour first (one pass, the answer nearly always);
+    the rest are searched among the float codes.
+    """
+    everything = slice(None)
+    y = np.clip(guess, low, high)
+    ok = holds(y, everything)
+    with np.errstate(over="ignore", invalid="ignore"):
+        side = np.where(ok, np.nextafter(y, np.inf), np.nextafter(y, -np.inf))
+        ok_side = holds(side, everything)
+    done = np.where(ok, (y == high) | ~ok_side, ok_side & (y > low))
+    y = np.where(ok, y, side)
+    rest = np.flatnonzero(~done)
+    if rest.size:
+        lo_code, hi_code = _float_key(np.array([low, high]))
+        code = _last_true(lambda k, i: holds(_key_float(k), rest[i]), _float_key(y[rest]),
+                          np.full(rest.size, lo_code), np.full(rest.size, hi_code))
+        y[rest] = np.where(code < lo_code, np.nan, _key_float(code))
+    return y + 0.0  # -0.0 prints as "-0."
+
+
+def _first_float(holds: Callable[[np.ndarray, Any], np.ndarray], guess: np.ndarray,
+                 low: float, high: float) -> np.ndarray:
+    """:func:`_last_float` mirrored: the smallest y where ``holds`` (false, then true)."""
+    everything = slice(None)
+    y = np.clip(guess, low, high)
+    ok = holds(y, everything)
+    with np.errstate(over="ignore", invalid="ignore"):
+        side = np.where(ok, np.nextafter(y, -np.inf), np.nextafter(y, np.inf))
+        ok_side = holds(side, everything)
+    done = np.where(ok, (y == low) | ~ok_side, ok_side & (y < high))
+    y = np.where(ok, y, side)
+    rest = np.flatnonzero(~done)
+    if rest.size:
+        lo_code, hi_code = _float_key(np.array([low, high]))
+        # The float axis reversed: the last code where the test holds.
+        code = _last_true(lambda k, i: holds(_key_float(-k), rest[i]), -_float_key(y[rest]),
+                          np.full(rest.size, -hi_code), np.full(rest.size, -lo_code))
+        y[rest] = np.where(code < -hi_code, np.nan, _key_float(-code))
+    return y + 0.0
+
+
+def _largest_quotient(q: np.ndarray, sigma: np.ndarray, strict: bool) -> np.ndarray:
+    """The largest float d with ``fl(d / sigma) <= q`` (``< q`` if ``strict``)."""
+    compare = np.less if strict else np.less_equal
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        guess = np.where(np.isfinite(q), q * sigma, np.inf)
+        return _last_float(lambda d, i: compare(d / sigma[i], q[i]), guess, -np.inf, np.inf)
+
+
+def _sum_guess(centre: np.ndarray, r: np.ndarray, sign: float) -> np.ndarray:
+    """About ``centre + sign * (r + half the gap above r)``: where ``fl(±(y - centre))``
+    stops rounding to at most r.  TwoSum keeps the low bits ``fl(centre + r)`` drops."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        head = centre + sign * r
+        back = head - centre
+        tail = (centre - (head - back)) + (sign * r - back)
+        half = 0.5 * (np.nextafter(r, np.inf) - r)
+        guess = head + (tail + sign * half)
+    return np.where(np.isfinite(guess), guess, head)
+
+
+def _exact_interval(method: str, inputs: _ScoreInputs, radius: np.ndarray,
+                    bounds: tuple[float, float],
+                    strict: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flat ``(lo, hi, empty)``: the float interval of references y within ``bounds``
+    whose score is <= radius (``strict``: < radius), or ``empty`` where there is none.
+
+    Every score is a rounded difference, ``fl(±(y - c))`` (for ``"normalized"`` then
+    divided by sigma, which is monotone), so both ends reduce to ``fl(y - c) <= r`` and
+    ``fl(c - y) <= r`` for a float threshold r.
+    """
+    q = radius
+    if method == "cqr":
+        up, down = inputs.upper.reshape(-1), inputs.lower.reshape(-1)
+    else:
+        up = down = inputs.judge.reshape(-1)
+    if method == "normalized":
+        r = _largest_quotient(q, inputs.sigma.reshape(-1), strict)
+    else:
+        r = np.nextafter(q, -np.inf) if strict else q  # fl(x) < q iff fl(x) <= prev(q)
+    low, high = bounds
+    with np.errstate(over="ignore", invalid="ignore"):
+        hi = _last_float(lambda y, i: y - up[i] <= r[i], _sum_guess(up, r, 1.0), low, high)
+        lo = _first_float(lambda y, i: down[i] - y <= r[i], _sum_guess(down, r, -1.0), low,
+                          high)
+    empty = np.isnan(lo) | np.isnan(hi) | (lo > hi)
+    lo = np.where(empty, low, lo)
+    hi = np.where(empty, low, hi)
+    return lo, hi, empty
+
+
 @dataclass(frozen=True)
 class RangeCalibration:
     """A calibrated LLM judge: turns judge scores into conformal reward ranges.
@@ -205,6 +435,10 @@ class RangeCalibration:
     ) -> RewardRanges:
         """Conformal ranges ``(lo, hi)`` for judge scores of unlabeled responses.
 
+        A range holds exactly the rewards y within ``bounds`` whose nonconformity score,
+        computed in float64 as at calibration, is at most the radius q̂: its endpoints
+        are the floats where that comparison changes, not the float sums ``s ± q̂``.
+
         Parameters
         ----------
         judge, sigma, lower, upper, categories
@@ -215,13 +449,15 @@ class RangeCalibration:
             Randomised tie-breaking (smoothed conformal).  With a discrete judge many
             calibration scores equal the radius q̂ and the closed ranges over-cover (up
             to ``1 - alpha`` plus the mass of the tie).  With smoothing, a response
-            keeps the endpoints of its range (the rewards whose score equals q̂) with
+            keeps its closed range (the rewards whose score is at most q̂) with
             probability ``(k - a) / (t + 1)``, where k is the conformal rank, a the
             number of calibration scores below q̂ and t the number equal to it, and
-            otherwise gets the open range (each endpoint moved one float inward).  That
+            otherwise gets the open range (the rewards whose score is below q̂).  That
             is the tie-break of every score by an independent uniform, so coverage is
-            ``k / (m + 1)``: within ``1 / (m + 1)`` of ``1 - alpha`` whatever the ties.
-            Endpoints clipped to ``bounds`` and zero-width ranges are kept as they are.
+            exactly ``k / (m + 1)``, within ``1 / (m + 1)`` of ``1 - alpha`` whatever
+            the ties.  Where no reward within ``bounds`` scores below q̂ (a zero radius)
+            the open range would be empty and the closed one is kept: coverage there
+            stays above ``k / (m + 1)`` (see ``docs/conformal.md``).
         seed : int, SeedSequence or Generator, optional
             Seed of the tie-breaking draws (one uniform per response); only with
             ``smoothing=True``.
@@ -229,9 +465,10 @@ class RangeCalibration:
         Returns
         -------
         RewardRanges
-            ``(lo, hi)`` in the shape of the inputs, clipped to ``bounds``; float32 if
-            the inputs are float32 (rounded outward, so coverage survives the cast),
-            else float64.
+            ``(lo, hi)`` in the shape of the inputs, within ``bounds``; float32 if the
+            inputs are float32, else float64.  float32 closed ranges are rounded
+            outward (no reward loses coverage); float32 open ranges inward (they keep
+            exactly the float32 values of the open range).
 
         Examples
         --------
@@ -251,85 +488,122 @@ class RangeCalibration:
         if seed is not None and not smoothing:
             raise ValueError("`seed` is only used with smoothing=True.")
         inputs = _score_inputs(self.method, judge, sigma, lower, upper, None)
-        radius = self._radius_per_response(categories, inputs.shape)
-        if self.method == "cqr":
-            lo = inputs.lower - radius
-            hi = inputs.upper + radius
-            # A negative radius can cross the bounds; the empty set it stands for holds
-            # no reward, so any degenerate range around the midpoint keeps coverage.
-            crossed = lo > hi
-            if crossed.any():
-                mid = 0.5 * (inputs.lower + inputs.upper)
-                lo = np.where(crossed, mid, lo)
-                hi = np.where(crossed, mid, hi)
-        else:
-            width = radius if self.method == "absolute" else radius * inputs.sigma
-            lo = inputs.judge - width
-            hi = inputs.judge + width
-        with np.errstate(invalid="ignore"):  # inf radius times sigma is fine: clipped
-            # Endpoints that clipping moved are not at score q̂: never opened.
-            open_lo = lo >= self.bounds[0]
-            open_hi = hi <= self.bounds[1]
-            lo = np.clip(lo, *self.bounds)
-            hi = np.clip(hi, *self.bounds)
+        codes = self._codes_per_response(categories, inputs.shape)
+        radius = self._radius_array()[codes]
+        lo, hi, empty = _exact_interval(self.method, inputs, radius, self.bounds, strict=False)
+        if empty.any():
+            # No reward within the bounds scores <= q̂ (a judge far outside the bounds, a
+            # crossed CQR band): no range is empty, so give the clipped float formula, a
+            # degenerate range that covers no more than it must.
+            f_lo, f_hi = self._formula(inputs, radius)
+            lo = np.where(empty, f_lo, lo)
+            hi = np.where(empty, f_hi, hi)
         lo, hi = _outward_cast(lo, hi, inputs.dtype)
         if smoothing:
-            keep = self._tie_probability(categories, inputs.shape)
-            draw = np.random.default_rng(seed).random(inputs.shape)
-            # Open the range one float inward (in the output dtype, after the cast).
-            opened = (draw >= keep) & np.isfinite(np.asarray(radius)) & (lo < hi)
-            inner_lo = np.where(opened & open_lo, np.nextafter(lo, hi), lo)
-            inner_hi = np.where(opened & open_hi, np.nextafter(hi, lo), hi)
-            apart = inner_lo <= inner_hi  # a range two floats wide stays closed
-            lo = np.where(apart, inner_lo, lo)
-            hi = np.where(apart, inner_hi, hi)
-        return RewardRanges(lo, hi)
+            keep = self._keep_array()[codes]
+            draw = np.random.default_rng(seed).random(inputs.shape).reshape(-1)
+            opened = np.flatnonzero(draw >= keep)
+            if opened.size:
+                pick = {f: getattr(inputs, f).reshape(-1)[opened]
+                        for f in ("judge", "sigma", "lower", "upper", "reference")}
+                sub = _ScoreInputs(**pick, shape=(opened.size,), dtype=inputs.dtype)
+                o_lo, o_hi, o_empty = _exact_interval(self.method, sub, radius[opened],
+                                                      self.bounds, strict=True)
+                o_lo, o_hi = _inward_cast(o_lo, o_hi, inputs.dtype)
+                usable = ~o_empty & (o_lo <= o_hi)  # else keep the closed range
+                lo[opened[usable]] = o_lo[usable]
+                hi[opened[usable]] = o_hi[usable]
+        return RewardRanges(lo.reshape(inputs.shape), hi.reshape(inputs.shape))
+
+    def _formula(self, inputs: _ScoreInputs,
+                 radius: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The float ranges ``s ± q̂`` (or the CQR band), uncrossed and clipped; flat."""
+        if self.method == "cqr":
+            lower, upper = inputs.lower.reshape(-1), inputs.upper.reshape(-1)
+            lo, hi = lower - radius, upper + radius
+            # A crossed band stands for the empty set: any point covers as much.
+            crossed = lo > hi
+            mid = 0.5 * (lower + upper)
+            lo, hi = np.where(crossed, mid, lo), np.where(crossed, mid, hi)
+        else:
+            judge = inputs.judge.reshape(-1)
+            with np.errstate(invalid="ignore"):
+                width = radius if self.method == "absolute" else radius * inputs.sigma.reshape(
+                    -1)
+            lo, hi = judge - width, judge + width
+        return np.clip(lo, *self.bounds), np.clip(hi, *self.bounds)
+
+    def _groups(self) -> tuple[list[Any], np.ndarray]:
+        """The radius labels and, per calibration score, the index of its label."""
+        labels = list(self.radius)
+        codes = self.__dict__.get("_score_codes")  # set by calibrate_ranges
+        if codes is not None:
+            return labels, codes
+        if self.categories is None:
+            return labels, np.zeros(self.scores.size, dtype=np.int64)
+        index = {label_key(lab): i for i, lab in enumerate(labels)}
+        codes = np.array([index[label_key(lab)] for lab in self.categories.tolist()],
+                         dtype=np.int64)
+        return labels, codes
+
+    def _keep_per_category(self) -> np.ndarray:
+        """Per radius label, the probability (k - a) / (t + 1) of keeping the tie at q̂."""
+        labels, codes = self._groups()
+        q = np.array([float(self.radius[lab]) for lab in labels], dtype=np.float64)
+        size = np.bincount(codes, minlength=len(labels))
+        below = np.bincount(codes, weights=self.scores < q[codes], minlength=len(labels))
+        ties = np.bincount(codes, weights=self.scores == q[codes], minlength=len(labels))
+        ranks = {n: _rank(n, self.alpha) for n in set(size.tolist())}
+        k = np.array([ranks[n] for n in size.tolist()], dtype=np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            keep = np.where(ties > 0, (k - below) / (ties + 1), 1.0)
+        keep.flags.writeable = False
+        return keep
+
+    def _keep_array(self) -> np.ndarray:
+        # Computed once per calibration (ranges runs once per batch); not a field.
+        keep = self.__dict__.get("_keep")
+        if keep is None:
+            keep = self._keep_per_category()
+            object.__setattr__(self, "_keep", keep)
+        return keep
+
+    def _radius_array(self) -> np.ndarray:
+        return np.array([float(v) for v in self.radius.values()], dtype=np.float64)
 
     def _tie_probability(self, categories: ArrayLike | None,
                          shape: tuple[int, ...]) -> np.ndarray:
         """Per response, the probability (k - a) / (t + 1) of keeping the tie at q̂."""
-        if self.categories is None:
-            groups = {None: self.scores}
-        else:
-            index = {key: i for i, key in enumerate(self.radius)}
-            owner = np.array([index[lab] for lab in self.categories.tolist()], dtype=np.int64)
-            groups = {key: self.scores[owner == i] for key, i in index.items()}
-        per_key: dict[Any, float] = {}
-        for key, scores in groups.items():
-            q = self.radius[key]
-            below = int((scores < q).sum())
-            ties = int((scores == q).sum())
-            k = _rank(scores.size, self.alpha)
-            per_key[key] = (k - below) / (ties + 1) if ties else 1.0
-        if self.categories is None:
-            return np.full(shape, per_key[None])
-        labels_new, codes = _category_codes(categories, shape)
-        return np.array([per_key[lab] for lab in labels_new])[codes].reshape(shape)
+        return self._keep_array()[self._codes_per_response(categories, shape)].reshape(shape)
 
-    def _radius_per_response(self, categories: ArrayLike | None,
-                             shape: tuple[int, ...]) -> np.ndarray | float:
+    def _codes_per_response(self, categories: ArrayLike | None,
+                            shape: tuple[int, ...]) -> np.ndarray:
+        """Per response (flat), the index of its category among the radius labels."""
+        size = math.prod(shape)
         if self.categories is None:
             if categories is not None:
                 raise ValueError(
                     "`categories` were not used at calibration; pass categories=None "
                     "(or calibrate per category)."
                 )
-            return self.radius[None]
+            return np.zeros(size, dtype=np.int64)
         if categories is None:
             raise ValueError(
                 "`categories` are required: the calibration is per category (Mondrian)."
             )
         labels, codes = _category_codes(categories, shape)
-        per_label = np.empty(len(labels))
+        index = {label_key(lab): i for i, lab in enumerate(self.radius)}
+        per_label = np.empty(len(labels), dtype=np.int64)
         for i, label in enumerate(labels):
-            if label not in self.radius:
+            found = index.get(label_key(label))
+            if found is None:
                 known = ", ".join(repr(c) for c in list(self.radius)[:10])
                 raise ValueError(
                     f"`categories` holds {label!r}, which was not seen at calibration "
                     f"(known: {known})."
                 )
-            per_label[i] = self.radius[label]
-        return per_label[codes].reshape(shape)
+            per_label[i] = found
+        return per_label[codes]
 
 
 class _ScoreInputs(NamedTuple):
@@ -389,6 +663,13 @@ def _category_codes(categories: Any, shape: tuple[int, ...]) -> tuple[list[Any],
         arr: np.ndarray | None = np.asarray(categories)
     except (TypeError, ValueError):  # ragged sequences of tuples and the like
         arr = None
+    if arr is not None and arr.dtype.kind in "biuf" and not isinstance(categories, np.ndarray):
+        flat = list(np.asarray(categories, dtype=object).reshape(-1))
+        if not numpy_keeps_labels(flat):
+            # [1, True, 1.0] would become three equal floats: hash the labels instead.
+            if arr.shape == shape:
+                return _hashed_codes(flat)
+            raise ValueError(f"`categories` must have shape {shape}; got {arr.shape}.")
     if (arr is not None and arr.dtype.kind in "US"
             and not isinstance(categories, np.ndarray)):
         # numpy would turn [1, "1"] (at any nesting) into ["1", "1"]: keep the labels'
@@ -418,19 +699,28 @@ def _category_codes(categories: Any, shape: tuple[int, ...]) -> tuple[list[Any],
 
 
 def _hashed_codes(items: list[Any]) -> tuple[list[Any], np.ndarray]:
-    """Labels in order of first appearance and a code per label, by hashing."""
+    """Labels in order of first appearance and a code per label, by hashing.
+
+    Labels are equal only with the same type and value (:func:`label_key`); a numpy
+    scalar label is kept as the Python scalar it stands for.
+    """
     seen: dict[Any, int] = {}
+    labels: list[Any] = []
     codes = np.empty(len(items), dtype=np.int64)
     for i, label in enumerate(items):
-        if isinstance(label, (float, np.floating)) and math.isnan(label):
+        if isinstance(label, (float, np.floating, complex, np.complexfloating)) \
+                and label != label:
             raise ValueError("`categories` must not contain NaN.")
         try:
-            codes[i] = seen.setdefault(label, len(seen))
+            code = seen.setdefault(label_key(label), len(seen))
         except TypeError:
             raise TypeError(
                 f"`categories` must hold hashable labels; got {type(label).__name__}."
             ) from None
-    return list(seen), codes
+        if code == len(labels):
+            labels.append(label.item() if isinstance(label, np.generic) else label)
+        codes[i] = code
+    return labels, codes
 
 
 def _outward_cast(lo: np.ndarray, hi: np.ndarray,
@@ -442,6 +732,19 @@ def _outward_cast(lo: np.ndarray, hi: np.ndarray,
     hi32 = hi.astype(dtype)
     lo32 = np.where(lo32 > lo, np.nextafter(lo32, dtype.type(-np.inf)), lo32)
     hi32 = np.where(hi32 < hi, np.nextafter(hi32, dtype.type(np.inf)), hi32)
+    return lo32.astype(dtype, copy=False), hi32.astype(dtype, copy=False)
+
+
+def _inward_cast(lo: np.ndarray, hi: np.ndarray,
+                 dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Cast to ``dtype`` rounding ``lo`` up and ``hi`` down: the floats of ``dtype`` in
+    ``[lo, hi]`` stay, no other (``lo > hi`` after the cast: none is left)."""
+    if dtype == np.float64:
+        return lo, hi
+    lo32 = lo.astype(dtype)
+    hi32 = hi.astype(dtype)
+    lo32 = np.where(lo32 < lo, np.nextafter(lo32, dtype.type(np.inf)), lo32)
+    hi32 = np.where(hi32 > hi, np.nextafter(hi32, dtype.type(-np.inf)), hi32)
     return lo32.astype(dtype, copy=False), hi32.astype(dtype, copy=False)
 
 
@@ -544,14 +847,33 @@ def calibrate_ranges(
         raise ValueError(f"`reference` must lie within `bounds` [{low!r}, {high!r}].")
     scores = _nonconformity(method, inputs).reshape(-1)
     if categories is None:
-        radius: dict[Any, float] = {None: conformal_quantile(scores, alpha)}
+        radius = LabelMapping([(None, conformal_quantile(scores, alpha))])
         labels_per_score = None
     else:
         labels, codes = _category_codes(categories, inputs.shape)
-        radius = {label: conformal_quantile(scores[codes == c], alpha)
-                  for c, label in enumerate(labels)}
+        q = _quantiles_per_code(scores, codes, len(labels), alpha)
+        radius = LabelMapping(zip(labels, q.tolist(), strict=True))
         per_score = np.empty(codes.size, dtype=object)
-        per_score[:] = [labels[c] for c in codes]
+        per_score[:] = [labels[c] for c in codes.tolist()]
         labels_per_score = _frozen(per_score)
-    return RangeCalibration(method, alpha, (low, high), MappingProxyType(radius),
-                            _frozen(scores), labels_per_score)
+    cal = RangeCalibration(method, alpha, (low, high), radius, _frozen(scores),
+                           labels_per_score)
+    if categories is not None:
+        # The codes of the scores' labels, already known: smoothing needs them per category.
+        object.__setattr__(cal, "_score_codes", _frozen(codes))
+    return cal
+
+
+def _quantiles_per_code(scores: np.ndarray, codes: np.ndarray, n: int,
+                        alpha: float) -> np.ndarray:
+    """:func:`conformal_quantile` of each category's scores, all categories in one sort."""
+    order = np.lexsort((scores, codes))
+    ordered = scores[order]
+    size = np.bincount(codes, minlength=n)
+    start = np.cumsum(size) - size
+    ranks = {m: _rank(m, alpha) for m in set(size.tolist())}
+    k = np.array([ranks[m] for m in size.tolist()], dtype=np.int64)
+    q = np.full(n, math.inf)
+    finite = k <= size
+    q[finite] = ordered[start[finite] + k[finite] - 1]
+    return q

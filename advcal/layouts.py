@@ -70,6 +70,53 @@ def offsets_from_sizes(sizes: Any) -> np.ndarray:
     return offsets
 
 
+def label_key(label: Any) -> Any:
+    """A hashable key under which two labels are equal iff they have the same type and value.
+
+    Python's own equality makes ``1``, ``True`` and ``1.0`` one dict key; advcal keeps
+    them apart, as the log readers and the calibration file format do.  numpy scalars
+    count as the Python type they stand for (``np.int64(1)`` is the int ``1``, as the
+    labels of an integer array are), and tuples compare element by element.
+    """
+    if label is None:
+        return ("none",)
+    if isinstance(label, (bool, np.bool_)):
+        return ("bool", bool(label))
+    if type(label) is int or isinstance(label, np.integer):
+        return ("int", int(label))
+    if type(label) is float or isinstance(label, np.floating):
+        return ("float", float(label))
+    if type(label) is complex or isinstance(label, np.complexfloating):
+        return ("complex", complex(label))
+    if type(label) is str or isinstance(label, np.str_):
+        return ("str", str(label))
+    if type(label) is bytes or isinstance(label, np.bytes_):
+        return ("bytes", bytes(label))
+    if type(label) is tuple:
+        return ("tuple", tuple(label_key(v) for v in label))
+    if type(label) is frozenset:
+        return ("frozenset", frozenset(label_key(v) for v in label))
+    return (type(label), label)  # other hashables: equal within their own type
+
+
+def numpy_keeps_labels(values: Any) -> bool:
+    """Whether ``np.asarray(values)`` keeps the labels apart exactly as :func:`label_key`.
+
+    numpy converts a list element by element into one common type, so a list that mixes
+    ``1``, ``True`` and ``1.0`` (or ``1`` and ``"1"``) would become equal values: only a
+    list or tuple of one numeric scalar type is safe.  Arrays and other array-likes are
+    typed already.  (Lists of strings are hashed by the callers, to keep ``str`` labels.)
+    """
+    if not isinstance(values, (list, tuple)):
+        return True
+    kinds = set(map(type, values))
+    if len(kinds) != 1:
+        return not values
+    kind = kinds.pop()
+    return kind in (int, float, bool) or (issubclass(kind, np.generic)
+                                          and not issubclass(kind, (np.str_, np.bytes_)))
+
+
 def groups_from_ids(group_ids: Any) -> GroupIndex:
     """Group responses by arbitrary per-response labels (the verl ``uid`` layout).
 
@@ -77,7 +124,9 @@ def groups_from_ids(group_ids: Any) -> GroupIndex:
     ----------
     group_ids : sequence of hashable, length N
         Any labels (strings, integers, tuples, ...) in any order.  Responses with equal
-        labels form one group.
+        labels form one group; labels are equal when they have the same type and value
+        (``1``, ``True``, ``1.0`` and ``"1"`` are four groups; a numpy scalar counts as
+        the Python type it stands for).
 
     Returns
     -------
@@ -105,8 +154,9 @@ def groups_from_ids(group_ids: Any) -> GroupIndex:
         if isinstance(group_ids, np.ndarray):
             raise ValueError(f"`group_ids` must be 1-D; got shape {ids.shape}.")
         ids = None  # a list of tuples: each tuple is one label
-    if ids is not None and ids.dtype.kind in "US" and not isinstance(group_ids, np.ndarray):
-        ids = None  # numpy would coerce [1, "1"] to two equal strings: hash the labels
+    if ids is not None and not isinstance(group_ids, np.ndarray) and (
+            ids.dtype.kind in "US" or not numpy_keeps_labels(group_ids)):
+        ids = None  # numpy would coerce [1, "1"] or [1, True, 1.0] to equal values: hash
     if ids is not None and ids.dtype.kind in "biufcUSmM":
         if ids.dtype.kind in "fc" and np.isnan(ids).any():
             raise ValueError("`group_ids` must not contain NaN (NaN != NaN cannot label a group).")
@@ -131,6 +181,7 @@ def _codes_by_hashing(group_ids: Any) -> tuple[np.ndarray, np.ndarray]:
     except TypeError:
         raise TypeError("`group_ids` must be a sequence of hashable labels.") from None
     seen: dict[Any, int] = {}
+    labels_seen: list[Any] = []
     codes = np.empty(len(items), dtype=np.int64)
     try:
         for i, label in enumerate(items):
@@ -138,12 +189,16 @@ def _codes_by_hashing(group_ids: Any) -> tuple[np.ndarray, np.ndarray]:
                 raise ValueError(
                     "`group_ids` must not contain NaN (NaN != NaN cannot label a group)."
                 )
-            codes[i] = seen.setdefault(label, len(seen))
+            key = label_key(label)
+            code = seen.setdefault(key, len(seen))
+            if code == len(labels_seen):
+                labels_seen.append(label)
+            codes[i] = code
     except TypeError:
         raise TypeError(
             f"`group_ids` must hold hashable labels; got {type(label).__name__} at {i}."
         ) from None
-    labels = np.empty(len(seen), dtype=object)
-    for label, code in seen.items():
+    labels = np.empty(len(labels_seen), dtype=object)
+    for code, label in enumerate(labels_seen):  # one by one: tuples stay single labels
         labels[code] = label
     return codes, labels
