@@ -14,6 +14,7 @@ import math
 import numpy as np
 from numba import njit
 
+from advcal._kernels.point_numba import _minus  # (v - shift) - mean, never reassociated
 from advcal._kernels.pool import compile_serial, run_over_groups
 
 # "reassoc" lets the sums vectorize (one compiled copy runs on every thread, so the order
@@ -62,7 +63,7 @@ def _dead(u, dead_zone):
 def _weight(b, shift, mean, factor, s, dead_zone):
     """``u / s`` for u = ((b - shift) - mean) * factor, clamped to [-1, 1] should the
     compiler round an extreme u differently from the one that set s."""
-    u = _dead(((b - shift) - mean) * factor, dead_zone)
+    u = _dead(_minus(_minus(b, shift), mean) * factor, dead_zone)
     return min(max(u / s, -1.0), 1.0)
 
 
@@ -78,8 +79,8 @@ def _group_scale(n, shift, total, bmin, bmax, tau, loo, dead_zone, raw_singleton
     else:
         mean = total / n
         factor = (n / (n - 1.0) if loo else 1.0) if n >= 2 else 0.0
-    m = max(abs(_dead(((bmin - shift) - mean) * factor, dead_zone)),
-            abs(_dead(((bmax - shift) - mean) * factor, dead_zone)))
+    m = max(abs(_dead(_minus(_minus(bmin, shift), mean) * factor, dead_zone)),
+            abs(_dead(_minus(_minus(bmax, shift), mean) * factor, dead_zone)))
     return shift, mean, factor, max(m, tau)
 
 
@@ -99,7 +100,7 @@ def _stats(x, a, b, omit_nan):
         nan = omit_nan and math.isnan(v)
         nans += nan
         v = shift if nan else v
-        total += v - shift
+        total += _minus(v, shift)
         klo = min(klo, _key(v))
         khi = max(khi, _key(v))
     return b - a - nans, shift, total, _unkey(klo), _unkey(khi)

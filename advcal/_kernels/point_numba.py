@@ -9,10 +9,26 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic
 
 from advcal._kernels.modes import FASTMATH, FIXED, GRPO, HUGE, RLOO, TINY
 from advcal._kernels.pool import compile_serial, run_over_groups
+
+
+@intrinsic
+def _minus(typingctx, a, b):
+    """``a - b`` in float64 that LLVM may not reassociate with a neighbouring sum or
+    difference (see ``modes``): numba adds the kernel's fast-math flags only to float
+    operations that have none, so this one carries ``nsz`` alone."""
+    sig = types.float64(a, b)
+
+    def codegen(context, builder, signature, args):
+        x, y = (context.cast(builder, v, t, types.float64)
+                for v, t in zip(args, signature.args, strict=True))
+        return builder.fsub(x, y, flags=("nsz",))
+
+    return sig, codegen
 
 
 @njit(inline="always")
@@ -34,11 +50,11 @@ def _moments(g, omit_nan):
         shift = np.float64(g[start])
         total = 0.0
         for i in range(g.size):
-            total += 0.0 if math.isnan(g[i]) else g[i] - shift
+            total += 0.0 if math.isnan(g[i]) else _minus(g[i], shift)
         mean = total / n
         ss = 0.0
         for i in range(g.size):
-            d = 0.0 if math.isnan(g[i]) else (g[i] - shift) - mean
+            d = 0.0 if math.isnan(g[i]) else _minus(_minus(g[i], shift), mean)
             ss += d * d
         return n, shift, mean, ss
     n = g.size
@@ -51,7 +67,7 @@ def _moments(g, omit_nan):
     t1 = 0.0
     t2 = 0.0
     for i in range(n):
-        d = g[i] - shift
+        d = _minus(g[i], shift)
         t1 += d
         t2 += d * d
     mean = t1 / n
@@ -59,7 +75,7 @@ def _moments(g, omit_nan):
     if not t2 <= 8.0 * ss:
         ss = 0.0
         for i in range(n):
-            d = (g[i] - shift) - mean
+            d = _minus(_minus(g[i], shift), mean)
             ss += d * d
     return n, shift, mean, ss
 
@@ -108,15 +124,17 @@ def _center_scale(offsets, x, mode, eps, ddof, raw_singletons, omit_nan, divisor
         # checked (values that fit are returned even where their squares overflow).
         if ok and not norm < 0.25 * limit * limit:
             for i in range(g.size):
-                a = 0.0 if omit_nan and math.isnan(g[i]) else ((g[i] - shift) - mean) * factor
+                a = (0.0 if omit_nan and math.isnan(g[i])
+                     else _minus(_minus(g[i], shift), mean) * factor)
                 ok &= abs(a) <= limit
         n_bad += not ok
         if omit_nan:
             for i in range(g.size):
-                o[i] = 0.0 if math.isnan(g[i]) else ((g[i] - shift) - mean) * factor
+                o[i] = (0.0 if math.isnan(g[i])
+                        else _minus(_minus(g[i], shift), mean) * factor)
         else:
             for i in range(g.size):
-                o[i] = ((g[i] - shift) - mean) * factor
+                o[i] = _minus(_minus(g[i], shift), mean) * factor
     return n_bad
 
 
@@ -140,7 +158,7 @@ def _opo(offsets, x, weights, raw_singletons, omit_nan, limit, out):
             den = 0.0
             for i in range(g.size):
                 if not (omit_nan and math.isnan(g[i])):
-                    num += (w[i] / wmax) * (g[i] - shift)
+                    num += (w[i] / wmax) * _minus(g[i], shift)
                     den += w[i] / wmax
             baseline = num / den
         else:
@@ -150,7 +168,7 @@ def _opo(offsets, x, weights, raw_singletons, omit_nan, limit, out):
             if (omit_nan and math.isnan(g[i])) or (n == 1 and not raw_singletons):
                 o[i] = 0.0
             else:
-                a = (g[i] - shift) - baseline
+                a = _minus(_minus(g[i], shift), baseline)
                 o[i] = a
                 ok &= abs(a) <= limit
         n_bad += not ok
