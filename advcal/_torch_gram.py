@@ -500,6 +500,19 @@ class GradientCapture:
             for p in layer.parameters():
                 uses[id(p)] = uses.get(id(p), 0) + 1
         self._shared = {key for key, count in uses.items() if count > 1}
+        # Embeddings that look up a covered weight (a tied LM head): the weight's gradient
+        # includes their use, recorded by hooks of their own.
+        weights = {id(layer.module.weight) for layer in self._layers if layer.weight}
+        self._embeddings = [(name, m) for name, m in model.named_modules()
+                            if isinstance(m, torch.nn.Embedding) and id(m.weight) in weights]
+        for name, m in self._embeddings:
+            if m.scale_grad_by_freq:
+                raise ValueError(f"`layers`: the Embedding {name!r} shares a covered weight "
+                                 "and has scale_grad_by_freq=True, whose gradient depends on "
+                                 "the whole batch, not on one response; leave the layer "
+                                 "that shares its weight out.")
+            self._shared.add(id(m.weight))
+        self._looked_up: list[list[tuple[Any, Any, int]]] = [[] for _ in self._embeddings]
         self._kept: list[list[tuple[Any, Any]]] | None = None
         self._extra: list[Any] | None = None
         self._state = "new"
@@ -528,6 +541,8 @@ class GradientCapture:
             for index, layer in enumerate(self._layers):
                 self._handles.append(layer.module.register_forward_hook(
                     self._hook(index), with_kwargs=True))
+            for index, (_, module) in enumerate(self._embeddings):
+                self._handles.append(module.register_forward_hook(self._lookup_hook(index)))
         except BaseException:
             self._remove()
             raise
@@ -560,6 +575,17 @@ class GradientCapture:
             x = args[0] if args else next(iter(kwargs.values()))
             x = x.detach()  # shares the version counter: in-place edits stay detectable
             records[index].append((x, x._version, output, output._version))
+
+        return hook
+
+    def _lookup_hook(self, index: int) -> Callable[..., None]:
+        torch = _torch()
+        calls = self._looked_up[index]
+
+        def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
+            if self._state == "recording" and torch.is_tensor(output) \
+                    and output.requires_grad and args and torch.is_tensor(args[0]):
+                calls.append((args[0].detach(), output, output._version))
 
         return hook
 
@@ -666,14 +692,25 @@ class GradientCapture:
             name = self._layers[index].name
             self._check_rows(x, n, name, "input")
             self._check_rows(y, n, name, "output")
+        lookups = [(index, call) for index, calls in enumerate(self._looked_up)
+                   for call in calls]
+        for index, (_, y, y_version) in lookups:
+            name = self._embeddings[index][0]
+            if y._version != y_version:
+                raise ValueError(f"embedding {name!r}: its output was modified in place after "
+                                 "it ran, so the recorded values are not those the gradient "
+                                 "flowed through.")
+            self._check_rows(y, n, name, "output")
         self._state = "done"  # from here on the capture is consumed, even if this fails
         try:
             root, seed = (objectives.sum(), None) if start is None else start
             extra = list(extra or [])
-            deltas = torch.autograd.grad(root, [rec[2] for _, rec in flat] + extra,
-                                         grad_outputs=seed, retain_graph=True, allow_unused=True)
+            outputs = [rec[2] for _, rec in flat] + [call[1] for _, call in lookups]
+            deltas = torch.autograd.grad(root, outputs + extra, grad_outputs=seed,
+                                         retain_graph=True, allow_unused=True)
             if keep:
-                self._extra = list(deltas[len(flat):])
+                self._extra = list(deltas[len(outputs):])
+            looked_up = deltas[len(flat):len(outputs)]
             deltas = deltas[:len(flat)]
         except RuntimeError as exc:
             if "backward through the graph a second time" in str(exc):
@@ -699,8 +736,23 @@ class GradientCapture:
         self._kept = [list(pairs) for pairs in per_layer] if keep else None
         del flat, deltas
         device = params[0].device
-        units, work = self._units(per_layer)
-        del per_layer
+        # an embedding's lookups of a weight: as a linear layer's calls whose input is the
+        # δ at the lookup and whose output gradient is the one-hot rows of the ids
+        tied: dict[int, list[tuple[Any, Any]]] = {}
+        for (index, (ids, _, _)), delta in zip(lookups, looked_up, strict=True):
+            if delta is not None:
+                module = self._embeddings[index][1]
+                onehot = torch.zeros(*ids.shape, int(module.weight.shape[0]), dtype=acc,
+                                   device=delta.device)
+                onehot.scatter_(-1, ids.to(device=delta.device, dtype=torch.long)[..., None],
+                                1.0)
+                if module.padding_idx is not None:  # its row gets no gradient
+                    onehot[..., module.padding_idx] = 0.0
+                tied.setdefault(id(module.weight), []).append((delta, onehot))
+        self._looked_up = [[] for _ in self._embeddings]
+        del lookups, looked_up
+        units, work = self._units(per_layer, tied)
+        del per_layer, tied
         # (layer, what, (min, max)) of every δ and input, to name a non-finite one
         norms: list[tuple[str, str, Any]] = []
         # A trainer may call this inside its loss's autocast: the products stay in ``acc``.
@@ -762,11 +814,13 @@ class GradientCapture:
                         else product.T)
         return [(param, grad.to(param.dtype)) for param, grad in grads.values()]
 
-    def _units(self, per_layer: list[list[tuple[Any, Any]]]
+    def _units(self, per_layer: list[list[tuple[Any, Any]]],
+               tied: dict[int, list[tuple[Any, Any]]]
                ) -> tuple[list[_Unit], list[list[tuple[Any, Any]]]]:
         """The Gram's work: per unit (see ``_Unit``) its calls (input, δ).  One unit per
         layer, unless covered layers share a parameter: then the shared parameter is one
-        unit over the calls of all its layers, as one layer called several times is."""
+        unit over the calls of all its layers, as one layer called several times is, and
+        ``tied``'s calls (an embedding's lookups, by id of the weight) join its unit."""
         units = [_Unit(index, layer.name, layer.weight, layer.bias)
                  for index, layer in enumerate(self._layers)]
         if not self._shared:
@@ -807,6 +861,14 @@ class GradientCapture:
                 else:
                     out[slot].name += f"+{unit.name}"
                     work[slot].extend(calls)
+        names = {id(m.weight): name for name, m in self._embeddings}
+        for key, calls in tied.items():
+            slot = slots.get(key)
+            if slot is None:  # the weight's layer did not run: K does not cover it
+                continue
+            out[slot].name += f"+{names[key]}"
+            # an embedding's weight is (vocabulary, features), as nn.Linear's (d_out, d_in)
+            work[slot].extend(calls if linear[key] else [(d, x) for x, d in calls])
         return out, work
 
     def _sides(self, unit: _Unit, pairs: list[tuple[Any, Any]]) -> tuple[int, int] | None:

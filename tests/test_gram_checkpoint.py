@@ -231,6 +231,56 @@ def test_shared_parameters_sketched() -> None:
     assert (se > 0).all() and (np.abs(mean - exact) <= 4 * se).all()
 
 
+class TiedMLP(nn.Module):
+    """An LM head tied to an embedding with a padding row (its row gets no gradient)."""
+
+    def __init__(self, vocab: int = 11, d: int = 6) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d, padding_idx=0)
+        self.fc1 = nn.Linear(d, d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        e = self.embed(ids)
+        return self.head(e + torch.tanh(self.fc1(e)))
+
+
+@pytest.mark.parametrize("route", [None, "materialise", "pairs"])
+@pytest.mark.parametrize("kind", ["mlp", "llama"])
+def test_a_head_tied_to_the_embedding_covers_both_uses(kind: str, route: str | None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # The head's weight is also the embedding's: its gradient adds the lookups' (one-hot
+    # rows of the ids times the δ at the embedding's output).
+    monkeypatch.setattr(tg, "_FORCE_ROUTE", route)
+    torch.manual_seed(0)
+    if kind == "llama":
+        from tests.test_gram import LlamaLogits, tiny_llama
+
+        model = LlamaLogits(tiny_llama(tie_word_embeddings=True)).double()
+        assert model.model.lm_head.weight is model.model.model.embed_tokens.weight
+    else:
+        model = TiedMLP().double()
+    batch = make_batch(9, vocab=24 if kind == "llama" else 11)
+    assert (batch[0] == 0).any()  # the padding row is looked up
+    layout = LAYOUTS["shuffled ids"]
+    gram, capture = captured(model, batch, layout)
+    expected = layout_blocks(brute_force(model, batch, capture.parameters()), layout)
+    assert relative_error(gram, expected) <= EXACT
+    # sketched: still the sum of the uses (a sketch as wide as every weight is exact)
+    wide, _ = captured(model, batch, layout, sketch_dim=1 << 12)
+    np.testing.assert_allclose(wide, gram, rtol=1e-10, atol=1e-12 * np.abs(gram).max())
+
+
+def test_a_tied_embedding_scaled_by_frequency_is_refused() -> None:
+    model = TiedMLP()
+    model.embed.scale_grad_by_freq = True
+    with pytest.raises(ValueError, match="'embed'.*scale_grad_by_freq"):
+        GradientCapture(model)
+    assert GradientCapture(model, layers=["fc1"]).layers == ["fc1"]
+
+
 # --------------------------------------------------------------------------- non-finite
 
 
