@@ -622,6 +622,15 @@ class GradientCapture:
         -------
         ndarray or torch.Tensor
             ``(B, G, G)`` with ``group_size``; flat blocks of length Σ n_q² otherwise.
+
+        Raises
+        ------
+        ValueError
+            Besides bad arguments: when covered layers ran inside reentrant activation
+            checkpointing (``use_reentrant=True``), or a covered layer's gradient flows
+            through it, since K could not cover them (non-reentrant checkpointing is
+            exact); when the Gram matrix is not finite (naming the objectives, the layers
+            whose inputs or output gradients hold NaN or inf, or an overflow).
         """
         return self._gram(objectives, None, offsets, group_ids, group_size, output)
 
