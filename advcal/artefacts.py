@@ -13,7 +13,9 @@ then used for a whole training run, often in another process or on another machi
 :func:`load_calibration` reads it back bit for bit and validates every field, the way the
 constructors do plus cross-checks between fields (the radius is the conformal quantile of
 the stored scores, the risk column is ``k_rev / n_acc``, ...).  A file written by a newer
-format version is refused.  The format is described in ``docs/calibration.md``.
+format version is refused.  Reading is bounded (``max_bytes``, checked before anything is
+decompressed; only regular files; at most 64 members) by the one ``.npy``/``.npz`` reader
+of :mod:`advcal._npy`.  The format and its limits are described in ``docs/calibration.md``.
 
 The ``validate_*`` functions are the checks the calibration classes run on construction
 (``__post_init__``) and that their consumers run on objects built by hand: each raises a
@@ -618,7 +620,9 @@ def save_calibration(path: str | os.PathLike[str], obj: Any) -> None:
     path : str or path-like
         Destination file (conventionally ``*.npz``; no extension is added).  It is
         written to a temporary file in the same folder and then renamed, so a reader
-        never sees half a file.
+        never sees half a file; its mode follows the umask (``0o666 & ~umask``).  Only a
+        regular file is replaced: a symlink, FIFO, device node or directory at ``path``
+        is refused and left as it is.
     obj : SetCalibration, RangeCalibration or ThresholdSelection
         The calibration.  It is validated first, as :func:`load_calibration` would
         validate the file.
@@ -626,8 +630,11 @@ def save_calibration(path: str | os.PathLike[str], obj: Any) -> None:
     Raises
     ------
     TypeError, ValueError
-        ``obj`` is of another type, fails validation, or holds a value the format cannot
-        represent exactly (an option or category label of an unsupported type).
+        ``path`` is not a str or path-like object (bytes included); ``obj`` is of another
+        type, fails validation, or holds a value the format cannot represent exactly (an
+        option or category label of an unsupported type).
+    OSError
+        ``path`` is not a regular file's path, or cannot be written; the message names it.
 
     Examples
     --------
