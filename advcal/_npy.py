@@ -172,19 +172,25 @@ def read_data(fp: IO[bytes], header: NpyHeader, what: str, *, available: int | N
         flat = np.empty(header.count, dtype=header.dtype)
     except (MemoryError, ValueError) as exc:
         raise NpyError(f"{what}: cannot allocate {nbytes:,} bytes ({exc})") from None
-    view = flat.view(np.uint8)
+    buffer = flat.view(np.uint8).data  # the array's own memory: read straight into it
+    readinto = getattr(fp, "readinto", None)
     got = 0
     while got < nbytes:
-        chunk = fp.read(min(CHUNK, nbytes - got))
-        if not chunk:
+        want = min(CHUNK, nbytes - got)
+        if readinto is not None:
+            n = readinto(buffer[got:got + want]) or 0
+        else:
+            chunk = fp.read(want)
+            n = len(chunk)
+            buffer[got:got + n] = chunk
+        if not n:
             raise NpyError(f"{what} is truncated: its header promises {nbytes:,} bytes of "
                            f"data, the file holds {got:,}")
-        view[got:got + len(chunk)] = np.frombuffer(chunk, np.uint8)
-        got += len(chunk)
+        got += n
     if exact:
         if fp.read(1):
             raise NpyError(f"{what} has bytes after its data")
-    else:
+    elif fp.read(1):  # trailing bytes: read to the end, where a zip member's CRC is checked
         while fp.read(CHUNK):
             pass
     if header.fortran and len(header.shape) > 1:
