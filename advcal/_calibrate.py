@@ -12,7 +12,8 @@ Three forms, each writing a file that :func:`advcal.load_calibration` reads:
 Each prints a summary: m, the radius, σ_g², the mean log-volume of the sets (log-width of
 the ranges), and a cross-fitted coverage estimate with its Clopper-Pearson interval; the
 threshold form prints the SRGO table.  Exit codes as the other subcommands: 0, or 2 with
-one line on stderr.
+one line on stderr.  Targets (``-o``, ``--sets-out``, ``--plot``) are checked before the
+work: one that is not a regular file (a symlink, FIFO or device node) is refused.
 """
 
 from __future__ import annotations
@@ -29,8 +30,22 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from advcal import logs
+from advcal._files import check_target
 from advcal._validation import check_offsets
 from advcal.artefacts import load_calibration, save_calibration
+from advcal.cli import (
+    _seed,
+    bad_input_types,
+    check_plot_target,
+    describe,
+    file_error,
+    finite_arg,
+    int_arg,
+    is_bad_input,
+    one_line,
+    path_arg,
+    printable,
+)
 from advcal.conformal import calibrate_ranges
 from advcal.drift import calibration_drift
 from advcal.risk import select_threshold
@@ -42,8 +57,10 @@ from advcal.sets import (
     transform_checked,
 )
 
-# Folds of the cross-fitted coverage estimate, and the confidence of its interval.
+# Folds of the cross-fitted coverage estimate (default and most), and the confidence of
+# its interval.  Folds beyond the number of units are empty: leave-one-out.
 FOLDS = 5
+MAX_FOLDS = 1_000_000
 CONFIDENCE = 0.95
 # Largest .npz `calibrate threshold` accepts, its members decompressed (checked first).
 MAX_MEMBER_BYTES = 1 << 30
@@ -101,7 +118,7 @@ def set_coverage(a: np.ndarray, b: np.ndarray, offsets: np.ndarray, kwargs: dict
     fold = np.empty(informative.size, np.int64)
     fold[rng.permutation(informative.size)] = np.arange(informative.size) % folds
     covered = n = 0
-    for k in range(folds):
+    for k in range(min(folds, informative.size)):  # the other folds are empty
         test, train = np.sort(informative[fold == k]), np.sort(informative[fold != k])
         if not test.size or not train.size:
             continue
@@ -150,7 +167,7 @@ def range_coverage(inputs: dict[str, Any], kwargs: dict[str, Any], *, folds: int
         return (None if judge is None else judge[mask]), out
 
     covered = n = 0
-    for k in range(folds):
+    for k in np.unique(fold[fold >= 0]):  # the folds that hold a response
         test, train = fold == k, (fold != k) & (fold >= 0)
         if not test.any():
             continue
@@ -166,7 +183,7 @@ def range_coverage(inputs: dict[str, Any], kwargs: dict[str, Any], *, folds: int
 # --------------------------------------------------------------------------- reading
 
 
-def _read_paired(args: argparse.Namespace, second: str, fail_prefix: str
+def _read_paired(args: argparse.Namespace, second: str
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
     """First and second scoring, grouped (CSR), with the readers of ``advcal diagnose``."""
 
@@ -177,7 +194,7 @@ def _read_paired(args: argparse.Namespace, second: str, fail_prefix: str
         except ValueError:
             raise _BadInput(f"--reward-weights {args.reward_weights!r}: expected "
                             "comma-separated numbers") from None
-    with _log_errors(fail_prefix):
+    with _log_errors(args.file):
         log = logs.read_log(args.file, preset=args.preset, group_cols=args.group_col,
                             reward_cols=args.reward_col, reward_weights=weights,
                             reward_agg=args.reward_agg, extra_cols=(second,),
@@ -187,16 +204,31 @@ def _read_paired(args: argparse.Namespace, second: str, fail_prefix: str
 
 
 @contextlib.contextmanager
-def _log_errors(prefix: str) -> Iterator[None]:
-    """The errors of :mod:`advcal.logs` as one-line :class:`_BadInput`."""
+def _log_errors(path: str) -> Iterator[None]:
+    """The errors of reading ``path`` (:mod:`advcal.logs`, :func:`load_calibration`) as
+    one-line :class:`_BadInput` naming it."""
     try:
         yield
     except logs.MissingDependencyError as exc:
         raise _BadInput(str(exc)) from None
-    except logs.LogError as exc:
-        raise _BadInput(f"{prefix}{exc}") from None
+    except bad_input_types() as exc:
+        if not is_bad_input(exc):  # a RuntimeError not from zipfile: a bug, propagated
+            raise
+        raise _BadInput(file_error(path, exc)) from None
+
+
+def _check_out(path: str | None, option: str) -> None:
+    """Refuse a target that is not a regular file before the work, not after it."""
+    if path is None:
+        return
+    try:
+        check_target(Path(path), option)
     except OSError as exc:
-        raise _BadInput(f"{prefix}cannot read ({exc.strerror or exc})") from None
+        raise _BadInput(describe(exc)) from None
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise _BadInput(f"{option} {printable(path)}: cannot write it, {printable(str(folder))} "
+                        "is not a folder")
 
 
 # --------------------------------------------------------------------------- output
@@ -212,6 +244,10 @@ def _check_plot(path: str | None) -> None:
                         "(pip install 'advcal[plot]')") from None
     if Path(path).suffix.lower().lstrip(".") not in _PLOT_FORMATS:
         raise _BadInput(f"cannot write the plot {path}: name a .png, .pdf or .svg file")
+    try:
+        check_plot_target(path)
+    except OSError as exc:
+        raise _BadInput(f"cannot write the plot {path}: {exc}") from None
 
 
 def _save_figure(fig: Any, path: str) -> None:
@@ -219,6 +255,7 @@ def _save_figure(fig: Any, path: str) -> None:
 
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        check_plot_target(path)
         fig.tight_layout()
         fig.savefig(path, format=Path(path).suffix.lower().lstrip("."), dpi=100)
     finally:
@@ -303,14 +340,15 @@ def _plot_sets(cal: Any, path: str) -> None:
 def run_sets(args: argparse.Namespace) -> int:
 
     _check_plot(args.plot)
-    a, b, offsets, log = _read_paired(args, args.second_col, f"{args.file}: ")
+    _check_out(args.out, "-o")
+    a, b, offsets, log = _read_paired(args, args.second_col)
     kwargs = _set_kwargs(args)
     try:
         cal = calibrate_sets(a, b, offsets, **kwargs)
         cov = set_coverage(a, b, offsets, kwargs, folds=args.folds, seed=args.seed)
         summary = _set_summary(cal, a, offsets)
     except (ValueError, TypeError) as exc:
-        raise _BadInput(f"{args.file}: {exc}") from None
+        raise _BadInput(file_error(args.file, exc)) from None
     _write(args.out, cal)
     _plot(_plot_sets, cal, args.plot)
     if args.json:
@@ -318,11 +356,11 @@ def run_sets(args: argparse.Namespace) -> int:
                           **summary, "bad_rows": log.bad_rows.count,
                           "coverage": _coverage_json(cov)}, indent=2))
         return 0
-    print(f"advcal calibrate sets: {args.file}")
+    print(f"advcal calibrate sets: {printable(args.file)}")
     if log.bad_rows.count:
         print(log.bad_rows.summary())
     _print_set_summary(summary, cov)
-    print(f"SetCalibration written to {args.out}")
+    print(f"SetCalibration written to {printable(args.out)}")
     return 0
 
 
@@ -336,11 +374,14 @@ def _plot(draw: Any, obj: Any, path: str | None) -> None:
 
 
 def _write(path: str, obj: Any) -> None:
-
     try:
         save_calibration(path, obj)
-    except OSError as exc:
-        raise _BadInput(f"cannot write {path} ({exc.strerror or exc})") from None
+    except OSError as exc:  # save_calibration refuses a non-regular target itself too
+        shown = one_line(path)
+        if exc.strerror and exc.filename is not None:  # the system's word, on a temp file
+            raise _BadInput(f"cannot write {shown} ({one_line(exc.strerror)})") from None
+        text = describe(exc)
+        raise _BadInput(text if shown in text else f"cannot write {shown} ({text})") from None
 
 
 # --------------------------------------------------------------------------- ranges
@@ -349,6 +390,7 @@ def _write(path: str, obj: Any) -> None:
 def run_ranges(args: argparse.Namespace) -> int:
 
     _check_plot(args.plot)
+    _check_out(args.out, "-o")
     method = args.method
     cols = {"reference": args.reference_col}
     if method == "cqr":
@@ -357,7 +399,7 @@ def run_ranges(args: argparse.Namespace) -> int:
         cols["judge"] = args.judge_col
     if method == "normalized":
         cols["sigma"] = args.sigma_col
-    with _log_errors(f"{args.file}: "):
+    with _log_errors(args.file):
         table = logs.read_columns(args.file, list(cols.values()), label_col=args.category_col,
                                   format=args.format,
                                   on_bad_row="error" if args.strict else args.on_bad_row)
@@ -371,7 +413,7 @@ def run_ranges(args: argparse.Namespace) -> int:
         cov = range_coverage(inputs, kwargs, folds=args.folds, seed=args.seed)
         lo, hi = cal.ranges(inputs.get("judge"), **extra)
     except (ValueError, TypeError) as exc:
-        raise _BadInput(f"{args.file}: {exc}") from None
+        raise _BadInput(file_error(args.file, exc)) from None
     _write(args.out, cal)
     center = inputs["judge"] if "judge" in inputs else 0.5 * (inputs["lower"] + inputs["upper"])
     err = center - inputs["reference"]
@@ -390,7 +432,7 @@ def run_ranges(args: argparse.Namespace) -> int:
                           "coverage": _coverage_json(cov)},
                          indent=2))
         return 0
-    print(f"advcal calibrate ranges: {args.file}")
+    print(f"advcal calibrate ranges: {printable(args.file)}")
     if table.bad_rows.count:
         print(table.bad_rows.summary())
     print(f"m = {summary['m']} labeled responses; alpha = {cal.alpha:g}; method {method}; "
@@ -408,7 +450,7 @@ def run_ranges(args: argparse.Namespace) -> int:
     print(f"sigma_g^2 (mean (judge - reference)^2) = {summary['noise_var']:.6g}; mean log-width "
           f"of the ranges = {'-inf' if mlw is None else format(mlw, '.4f')}")
     print(_coverage_line(cov))
-    print(f"RangeCalibration written to {args.out}")
+    print(f"RangeCalibration written to {printable(args.out)}")
     return 0
 
 
@@ -437,8 +479,14 @@ def _plot_ranges(cal: Any, path: str) -> None:
 def run_threshold(args: argparse.Namespace) -> int:
 
     _check_plot(args.plot)
+    _check_out(args.out, "-o")
+    _check_out(args.sets_out, "--sets-out")
+    cal: Any = None
+    if args.sets is not None:  # read first: a bad --sets fails before the work
+        with _log_errors(args.sets):
+            cal = load_calibration(args.sets, kind=SetCalibration)
     names = [args.reward_col, args.second_col, args.gram_col]
-    with _log_errors(f"{args.file}: "):
+    with _log_errors(args.file):
         # the readers' .npz loader: sizes checked before decompressing, never a pickle
         arrays = logs._read_arrays(Path(args.file), "npz", MAX_MEMBER_BYTES)
     for name in names:
@@ -453,10 +501,9 @@ def run_threshold(args: argparse.Namespace) -> int:
         kwargs = _set_kwargs(args)
         rng = np.random.default_rng(args.seed)
         sizes = np.diff(offsets)
-        if args.sets is not None:
-            cal = load_calibration(args.sets, kind=SetCalibration)
+        if cal is not None:
             select = np.arange(sizes.size)
-            source = f"loaded from {args.sets}"
+            source = f"loaded from {printable(args.sets)}"
         else:
             informative = np.flatnonzero(sizes >= 2)
             n_cal = int(round(args.calibration_fraction * informative.size))
@@ -477,7 +524,7 @@ def run_threshold(args: argparse.Namespace) -> int:
         cov = Coverage(drift.covered, drift.n, 1, drift.target, drift.interval)
         summary = _set_summary(cal, sa, soff)
     except (ValueError, TypeError) as exc:
-        raise _BadInput(f"{args.file}: {exc}") from None
+        raise _BadInput(file_error(args.file, exc)) from None
     _write(args.out, sel)
     if args.sets_out is not None:
         _write(args.sets_out, cal)
@@ -495,7 +542,7 @@ def run_threshold(args: argparse.Namespace) -> int:
                           "level": sel.level, "beta": args.beta, "delta": args.delta,
                           "table": table}, indent=2))
         return 0
-    print(f"advcal calibrate threshold: {args.file}")
+    print(f"advcal calibrate threshold: {printable(args.file)}")
     print(f"sets: {source}")
     _print_set_summary(summary, None, "  ")
     lo, hi = cov.interval
@@ -507,9 +554,9 @@ def run_threshold(args: argparse.Namespace) -> int:
     chosen_text = "none (no threshold is risk-feasible: reject every group)" \
         if sel.tau_sel is None else f"{sel.tau_sel:g}"
     print(f"tau_sel = {chosen_text}")
-    print(f"ThresholdSelection written to {args.out}")
+    print(f"ThresholdSelection written to {printable(args.out)}")
     if args.sets_out is not None:
-        print(f"SetCalibration written to {args.sets_out}")
+        print(f"SetCalibration written to {printable(args.sets_out)}")
     return 0
 
 
@@ -589,28 +636,25 @@ def _thresholds(text: str) -> np.ndarray:
 # --------------------------------------------------------------------------- arguments
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be at least 2; got {value}")
-    return value
+def _folds(text: str) -> int:
+    return int_arg(text, low=2, high=MAX_FOLDS, what="number of folds")
+
+
 
 
 def _common(parser: argparse.ArgumentParser, *, coverage: bool = True) -> None:
-    parser.add_argument("-o", "--out", required=True, metavar="FILE",
+    parser.add_argument("-o", "--out", required=True, metavar="FILE", type=path_arg,
                         help="the calibration file to write (.npz; read it with "
                              "advcal.load_calibration)")
-    parser.add_argument("--alpha", type=float, default=0.1,
+    parser.add_argument("--alpha", type=finite_arg, default=0.1,
                         help="miscoverage level alpha (default: 0.1)")
     if coverage:
-        parser.add_argument("--folds", type=_positive_int, default=FOLDS,
-                            help=f"folds of the cross-fitted coverage (default: {FOLDS})")
-    parser.add_argument("--seed", type=int, default=0,
+        parser.add_argument("--folds", type=_folds, default=FOLDS,
+                            help=f"folds of the cross-fitted coverage, 2 to {MAX_FOLDS} "
+                                 f"(default: {FOLDS}; more folds than units: leave-one-out)")
+    parser.add_argument("--seed", type=_seed, default=0,
                         help="seed of the random folds / split (default: 0)")
-    parser.add_argument("--plot", metavar="PATH", default=None,
+    parser.add_argument("--plot", metavar="PATH", default=None, type=path_arg,
                         help="also write a figure (.png, .pdf or .svg; needs matplotlib)")
     parser.add_argument("--json", action="store_true",
                         help="print the summary as JSON")
@@ -622,13 +666,14 @@ def _set_options(parser: argparse.ArgumentParser) -> None:
                         help="coefficient map T (default: grpo)")
     parser.add_argument("--shape", choices=("joint", "isotropic"), default="joint",
                         help="set shape (default: joint)")
-    parser.add_argument("--ridge", type=float, default=None,
+    parser.add_argument("--ridge", type=finite_arg, default=None,
                         help="radial ridge, relative to the tangential eigenvalue "
                              "(default: 1)")
-    parser.add_argument("--eps", type=float, default=1e-6, help="GRPO eps (default: 1e-6)")
+    parser.add_argument("--eps", type=finite_arg, default=1e-6,
+                        help="GRPO eps (default: 1e-6)")
     parser.add_argument("--ddof", type=int, choices=(0, 1), default=1,
                         help="delta degrees of freedom of the std (default: 1)")
-    parser.add_argument("--tau-res", type=float, default=0.01,
+    parser.add_argument("--tau-res", type=finite_arg, default=0.01,
                         help="MaxNorm scale floor, with --estimator maxnorm (default: 0.01)")
 
 
@@ -666,19 +711,21 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         "sets", help="JRSC set radius from two scorings of the same responses",
         description="Calibrate the radius of SetGRPO's coefficient sets (JRSC) on a log with "
                     "two scorings of the same responses; write a SetCalibration.")
-    sets.add_argument("file", help="paired log: one row per response with its group, a first "
-                                   "and a second scoring (CSV, JSON Lines, Parquet, NPZ)")
+    sets.add_argument("file", type=path_arg,
+                      help="paired log: one row per response with its group, a first and a "
+                           "second scoring (CSV, JSON Lines, Parquet, NPZ)")
     _log_options(sets)
     _set_options(sets)
     _common(sets)
-    sets.set_defaults(form_run=run_sets)
+    sets.set_defaults(form_run=run_sets, prog=sets.prog)
 
     ranges = forms.add_parser(
         "ranges", help="conformal reward ranges of an LLM judge from labeled responses",
         description="Calibrate an LLM judge against reference rewards; write a "
                     "RangeCalibration (per category with --category-col).")
-    ranges.add_argument("file", help="judge log: one row per labeled response (CSV, JSON "
-                                     "Lines, Parquet, NPZ 1-D arrays; as advcal diagnose)")
+    ranges.add_argument("file", type=path_arg,
+                        help="judge log: one row per labeled response (CSV, JSON Lines, "
+                             "Parquet, NPZ 1-D arrays; as advcal diagnose)")
     ranges.add_argument("--method", choices=("absolute", "normalized", "cqr"),
                         default="absolute", help="nonconformity score (default: absolute)")
     ranges.add_argument("--judge-col", default="judge", help="judge score (default: judge)")
@@ -691,37 +738,37 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     ranges.add_argument("--category-col", default=None,
                         help="category per response: one radius per category (Mondrian); "
                              "labels keep their JSON/array type, CSV labels are strings")
-    ranges.add_argument("--bounds", type=float, nargs=2, default=(0.0, 1.0),
+    ranges.add_argument("--bounds", type=finite_arg, nargs=2, default=(0.0, 1.0),
                         metavar=("LOW", "HIGH"), help="reward bounds (default: 0 1)")
     _reader_options(ranges)
     _common(ranges)
-    ranges.set_defaults(form_run=run_ranges)
+    ranges.set_defaults(form_run=run_ranges, prog=ranges.prog)
 
     thr = forms.add_parser(
         "threshold", help="SRGO threshold from paired scorings and Gram blocks (NPZ)",
         description="Select SetGRPO's recovery threshold tau by SRGO on groups with two "
                     "scorings and their Gram matrices; write a ThresholdSelection.")
-    thr.add_argument("file", help=".npz with 'rewards' and 'second' (2-D: a group per row, or "
-                                  "1-D with 'offsets') and 'gram' ((B, G, G), or flat "
-                                  "row-major blocks)")
+    thr.add_argument("file", type=path_arg,
+                     help=".npz with 'rewards' and 'second' (2-D: a group per row, or 1-D with "
+                          "'offsets') and 'gram' ((B, G, G), or flat row-major blocks)")
     thr.add_argument("--reward-col", default="rewards", help="array of the first scoring")
     thr.add_argument("--second-col", default="second", help="array of the second scoring")
     thr.add_argument("--gram-col", default="gram", help="array of the Gram blocks")
-    thr.add_argument("--sets", default=None, metavar="FILE",
+    thr.add_argument("--sets", default=None, metavar="FILE", type=path_arg,
                      help="a SetCalibration file (from calibrate sets, on other groups); "
                           "without it the sets are calibrated on --calibration-fraction of "
                           "the groups and the threshold selected on the rest")
-    thr.add_argument("--calibration-fraction", type=float, default=0.5,
+    thr.add_argument("--calibration-fraction", type=finite_arg, default=0.5,
                      help="share of the groups that calibrate the sets without --sets "
                           "(default: 0.5)")
-    thr.add_argument("--sets-out", default=None, metavar="FILE",
+    thr.add_argument("--sets-out", default=None, metavar="FILE", type=path_arg,
                      help="also write the SetCalibration used")
     thr.add_argument("--thresholds", default=",".join(f"{0.05 * i:.2f}" for i in range(10, -1,
                                                                                        -1)),
                      help="comma-separated candidate tau in [0, 1) (default: 0.50,0.45,...,0)")
-    thr.add_argument("--beta", type=float, default=0.1,
+    thr.add_argument("--beta", type=finite_arg, default=0.1,
                      help="target conditional reversal risk (default: 0.1)")
-    thr.add_argument("--delta", type=float, default=0.1,
+    thr.add_argument("--delta", type=finite_arg, default=0.1,
                      help="error level of the guarantee (default: 0.1)")
     thr.add_argument("--bound", default="clopper-pearson",
                      choices=("clopper-pearson", "hoeffding", "bentkus", "hoeffding-bentkus"),
@@ -730,7 +777,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                      default="bonferroni", help="multiple testing (default: bonferroni)")
     _set_options(thr)
     _common(thr, coverage=False)
-    thr.set_defaults(form_run=run_threshold)
+    thr.set_defaults(form_run=run_threshold, prog=thr.prog)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -738,5 +785,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         return int(args.form_run(args))
     except _BadInput as exc:
-        print(f"advcal calibrate {args.form}: error: {exc}", file=sys.stderr)
+        print(f"advcal calibrate {args.form}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2

@@ -4,26 +4,40 @@ scale-diagnostics table, conformal coverage and a SetGRPO run) and ``advcal diag
 
 Each subcommand is a ``(name, help, add_arguments, run)`` entry in ``_COMMANDS``;
 ``run`` returns the process exit code: 0 on success, 2 for a bad file or option (one
-line on stderr, never a traceback).
+line on stderr, never a traceback).  :func:`main` is the one place that turns what a bad
+file or option raises (:data:`_BAD_INPUT`) into that line, so a reader error no
+subcommand anticipated still ends in it; anything else is a bug and keeps its traceback.
+A closed stdout (``advcal diagnose LOG | head -1``) ends quietly with exit code 141, as a
+tool killed by SIGPIPE; Ctrl-C ends quietly with 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import csv
 import json
+import lzma
 import math
+import os
+import re
 import shutil
+import stat
 import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable, Sequence
+import tokenize
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
+from advcal import _files
 from advcal.conformal import calibrate_ranges, conformal_rank
 from advcal.diagnostics import DIAGNOSED_METHODS, ScaleDiagnostics, scale_diagnostics
 from advcal.estimators import grpo
@@ -501,8 +515,8 @@ _FIGURES = ("scales.png", "coverage.png", "setgrpo_risk.png")
 
 def _run_demo(args: argparse.Namespace) -> int:
     def fail(message: str) -> int:
-        print(f"advcal demo: error: {message}", file=sys.stderr)
-        return 2
+        print(f"advcal demo: error: {one_line(message)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
     out = None if args.out is None else Path(args.out)
     if out is not None:
@@ -521,6 +535,11 @@ def _run_demo(args: argparse.Namespace) -> int:
                 pass
         except OSError as exc:
             return fail(f"cannot write the figures to {out}: {exc.strerror or exc}")
+        try:
+            for name in _FIGURES:
+                check_plot_target(str(out / name))
+        except OSError as exc:
+            return fail(f"cannot write the figures to {out}: {exc}")
     show = _progress_enabled(args.no_progress, sys.stderr)
 
     def bar(label: str, total: int) -> _Bar:
@@ -599,10 +618,12 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _seed(text: str) -> int:
+    """An argparse type for a seed: an integer >= 0 (numpy's generators take any size)."""
     try:
-        seed = int(text)
+        seed = int(_plain_number(text, "seed"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: not an integer") from None
+        raise argparse.ArgumentTypeError(f"invalid seed {text[:40]!r}: not an integer"
+                                         ) from None
     if seed < 0:
         raise argparse.ArgumentTypeError(f"invalid seed {seed}: must be >= 0")
     return seed
@@ -611,7 +632,7 @@ def _seed(text: str) -> int:
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=_seed, default=0,
                         help="seed of the built-in data and simulations (default: 0)")
-    parser.add_argument("--out", metavar="DIR", default=None,
+    parser.add_argument("--out", metavar="DIR", default=None, type=path_arg,
                         help="write the figures (" + ", ".join(_FIGURES) + ") into DIR "
                              "(created if missing; needs matplotlib: pip install "
                              "'advcal[plot]')")
@@ -691,9 +712,29 @@ def _plot(diag: ScaleDiagnostics, path: str) -> None:
     fig.tight_layout()
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        check_plot_target(path)
         fig.savefig(path, format=Path(path).suffix.lower().lstrip("."), dpi=100)
     finally:
         plt.close(fig)
+
+
+def check_plot_target(path: str) -> None:
+    """An ``OSError`` where ``path`` (a symlink followed) exists and is not a regular file:
+    a figure written to a FIFO would block until a reader comes, one on a device goes
+    nowhere."""
+    try:
+        info = os.stat(path)
+    except OSError:  # missing (written anew), or a folder that is not one: savefig says
+        return
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(f"{path}: {_files._kind(info.st_mode)}, not a regular file; a figure "
+                      "is written only to a regular file's path")
+
+
+def file_error(path: str, exc: BaseException) -> str:
+    """The one-line message of ``exc`` about the file ``path``, naming it once."""
+    text, name = describe(exc), one_line(path)
+    return text if name in text else f"{name}: {text}"
 
 
 def _finite(value: float | None) -> float | None:
@@ -758,8 +799,8 @@ def _run_diagnose(args: argparse.Namespace) -> int:
     from advcal import logs
 
     def fail(message: str) -> int:
-        print(f"advcal diagnose: error: {message}", file=sys.stderr)
-        return 2
+        print(f"advcal diagnose: error: {one_line(message)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
     if args.plot is not None:
         try:
@@ -770,6 +811,10 @@ def _run_diagnose(args: argparse.Namespace) -> int:
         suffix = Path(args.plot).suffix.lower().lstrip(".")
         if suffix not in _PLOT_FORMATS:
             return fail(f"cannot write the plot {args.plot}: name a .png, .pdf or .svg file")
+        try:
+            check_plot_target(args.plot)
+        except OSError as exc:
+            return fail(f"cannot write the plot {args.plot}: {exc}")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     weights = None
     if args.reward_weights is not None:
@@ -792,10 +837,8 @@ def _run_diagnose(args: argparse.Namespace) -> int:
                 format=args.format, on_bad_row=on_bad_row, progress=report)
     except logs.MissingDependencyError as exc:
         return fail(str(exc))
-    except logs.LogError as exc:
-        return fail(f"{args.file}: {exc}")
-    except OSError as exc:
-        return fail(f"{args.file}: cannot read ({exc.strerror or exc})")
+    except (logs.LogError, OSError) as exc:
+        return fail(file_error(args.file, exc))
     second = args.second_col or (_NPZ_SECOND if log.format in ("npz", "npy") else None)
     second = second if second in log.extra else None
     if args.singleton == "error" and log.n_singletons:
@@ -808,7 +851,7 @@ def _run_diagnose(args: argparse.Namespace) -> int:
             reference=log.extra[second] if second else None,
         )
     except (ValueError, TypeError) as exc:
-        return fail(f"{args.file}: {exc}")
+        return fail(file_error(args.file, exc))
     if args.plot is not None:
         try:
             _plot(diag, args.plot)
@@ -822,7 +865,7 @@ def _run_diagnose(args: argparse.Namespace) -> int:
         return 0
     agg = ("" if len(log.reward_cols) == 1 else
            f" ({log.reward_agg}, weights {', '.join(f'{w:g}' for w in log.reward_weights)})")
-    print(f"advcal diagnose: {args.file}")
+    print(f"advcal diagnose: {printable(args.file)}")
     print(f"{_NAMES.get(log.format, log.format)}"
           f"{', ' + log.compression if log.compression else ''}; group: "
           f"{' + '.join(log.group_cols)}; reward: {' + '.join(log.reward_cols)}{agg}")
@@ -836,7 +879,7 @@ def _run_diagnose(args: argparse.Namespace) -> int:
     print(diag.table())
     print(_legend(args.explain, second is not None))
     if args.plot is not None:
-        print(f"inverse-scale plot written to {args.plot}")
+        print(f"inverse-scale plot written to {printable(args.plot)}")
     return 0
 
 
@@ -848,7 +891,7 @@ _NAMES = {"csv": "CSV", "jsonl": "JSON Lines", "parquet": "Parquet", "npz": ".np
 
 def _diagnose_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "file",
+        "file", type=path_arg,
         help="reward log, one row per response: CSV, JSON Lines, Parquet, or arrays in .npz "
              "('rewards': 2-D groups by row, 1-D with 'offsets' or 'group_ids') or .npy; "
              "each optionally gzip/zstd-compressed (detected from the content)",
@@ -887,14 +930,15 @@ def _diagnose_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default="grpo,rloo,maxnorm",
                         help="comma-separated estimators, of "
                              + ", ".join(DIAGNOSED_METHODS) + " (default: grpo,rloo,maxnorm)")
-    parser.add_argument("--tau-res", type=float, default=0.01,
+    parser.add_argument("--tau-res", type=finite_arg, default=0.01,
                         help="MaxNorm scale floor tau_res (default: 0.01)")
-    parser.add_argument("--beta", type=float, default=0.04,
+    parser.add_argument("--beta", type=finite_arg, default=0.04,
                         help="KL coefficient beta (default: 0.04)")
-    parser.add_argument("--eps", type=float, default=1e-6, help="GRPO eps (default: 1e-6)")
-    parser.add_argument("--resolution", type=float, default=None,
+    parser.add_argument("--eps", type=finite_arg, default=1e-6,
+                        help="GRPO eps (default: 1e-6)")
+    parser.add_argument("--resolution", type=finite_arg, default=None,
                         help="let MaxNorm bin rewards in [0, 1] to this resolution first")
-    parser.add_argument("--plot", metavar="PATH", default=None,
+    parser.add_argument("--plot", metavar="PATH", default=None, type=path_arg,
                         help="write the inverse-scale histograms per method to PATH (.png, "
                              ".pdf or .svg; folders created; needs matplotlib: pip install "
                              "'advcal[plot]')")
@@ -928,22 +972,228 @@ _COMMANDS = [
 ]
 
 
+# --------------------------------------------------------------------------- errors
+
+# Exit codes (docs/cli.md): a bad file or option; Ctrl-C; stdout closed by its reader
+# (128 + SIGPIPE, what a shell reports for a tool that SIGPIPE ended).
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+EXIT_CLOSED_PIPE = 141
+
+# What a bad file or option raises: advcal's own ValueError (the readers' LogError is
+# one), TypeError and OSError; and from the decoders under the readers, a number too big
+# for a float, a truncated stream, a corrupt zip, deflate, xz or CSV stream, an .npy header
+# that does not parse, a file too big for memory.  Anything else is a bug: it keeps its
+# traceback.
+_BAD_INPUT: tuple[type[BaseException], ...] = (
+    ValueError, TypeError, OSError, OverflowError, EOFError, MemoryError,
+    zipfile.BadZipFile, zlib.error, lzma.LZMAError, csv.Error, tokenize.TokenError,
+    SyntaxError,
+)
+# Control characters (a hostile file or column name) are shown escaped, not sent to the
+# terminal; tabs are kept.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(32), 127) if c != 9}
+
+
+def bad_input_types() -> tuple[type[BaseException], ...]:
+    """:data:`_BAD_INPUT`, every pyarrow error (pyarrow only reads logs) and
+    ``RuntimeError``, of which :func:`is_bad_input` keeps only zipfile's."""
+    arrow = sys.modules.get("pyarrow.lib")
+    extra = (arrow.ArrowException,) if arrow is not None else ()
+    return (*_BAD_INPUT, *extra, RuntimeError)
+
+
+def is_bad_input(exc: BaseException) -> bool:
+    """Whether ``exc`` says the user's file or option is bad (one line, exit code 2)
+    rather than that advcal has a bug (a traceback)."""
+    if isinstance(exc, bad_input_types()[:-1]):
+        return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    # zipfile raises RuntimeError for an encrypted member and NotImplementedError (a
+    # RuntimeError) for an unknown compression method; from anywhere else they are bugs.
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    return module == "zipfile" or module.startswith("zipfile.")
+
+
+def printable(text: str) -> str:
+    """``text`` with a file name's undecodable bytes (surrogate escapes) shown as ``\\xNN``
+    and any other unencodable character backslash-escaped: printing it cannot fail."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that escapes no byte (from a JSON string)
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def one_line(text: str) -> str:
+    """``text`` as one printable line: its lines joined by ``; ``, control characters
+    escaped."""
+    lines = (line.strip() for line in text.splitlines())
+    return printable("; ".join(line for line in lines if line)).translate(_CONTROL)
+
+
+def describe(exc: BaseException) -> str:
+    """The one-line message of a bad-input exception (:func:`is_bad_input`)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        text = exc.strerror
+        name = exc.filename
+        if isinstance(name, (str, bytes)):
+            name = os.fsdecode(name)
+            if name not in text:
+                text = f"{name}: {text}"
+    elif isinstance(exc, MemoryError):
+        text = f"out of memory ({exc})" if str(exc) else "out of memory"
+    else:
+        text = str(exc) or type(exc).__name__
+    return one_line(text)
+
+
+def _report(prog: str, exc: BaseException, args: argparse.Namespace | None) -> int:
+    """Print ``exc`` as the one error line of ``prog``; it names the input file unless
+    it names the file (or the ``--sets`` file) already."""
+    text = describe(exc)
+    named = [one_line(getattr(args, key)) for key in ("file", "sets")
+             if isinstance(getattr(args, key, None), str)]
+    if named and not any(name in text for name in named):
+        text = f"{named[0]}: {text}"
+    print(f"{prog}: error: {text}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+@contextlib.contextmanager
+def _escaped_output() -> Iterator[None]:
+    """stdout and stderr write what they cannot encode backslash-escaped (a file name's
+    undecodable bytes, a lone surrogate in a column name) instead of raising; restored
+    after."""
+    saved = []
+    for stream in (sys.stdout, sys.stderr):
+        errors = getattr(stream, "errors", None)
+        if errors in (None, "backslashreplace") or not hasattr(stream, "reconfigure"):
+            continue
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (OSError, ValueError):  # reconfigure flushes: a closed pipe or stream
+            continue
+        saved.append((stream, errors))
+    try:
+        yield
+    finally:
+        for stream, errors in saved:
+            with contextlib.suppress(OSError, ValueError):
+                stream.reconfigure(errors=errors)
+
+
+def _drop_stdout() -> None:
+    """Point a closed stdout at the null device: the interpreter's last flush at exit
+    then succeeds instead of printing an ignored BrokenPipeError (Python's own recipe)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # no file descriptor (captured output)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line like every other error (exit code 2), and
+    that reads ``-1e-3`` as a number (argparse's own rule knows no exponents, so
+    ``--bounds -1e-3 1`` was an unknown option)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{one_line(self.prog)}: error: {one_line(message)} "
+                                  f"(see {one_line(self.prog)} --help)\n")
+
+
+def path_arg(text: str) -> str:
+    """An argparse type for a file path: not empty (``""`` would name the current
+    folder) and without a NUL character."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path names no file")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("a path cannot hold a NUL character")
+    return text
+
+
+def _plain_number(text: str, kind: str) -> str:
+    # Python's float() and int() also read '1_0' and non-ASCII digits; an option does not.
+    if not text.isascii() or "_" in text:
+        raise argparse.ArgumentTypeError(f"invalid {kind} {text[:40]!r}")
+    return text
+
+
+def finite_arg(text: str) -> float:
+    """An argparse type for a finite float (``nan``, ``inf`` and ``1e999`` refused)."""
+    try:
+        value = float(_plain_number(text, "number"))
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"invalid number {text[:40]!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a finite number")
+    return value
+
+
+def int_arg(text: str, *, low: int, high: int, what: str = "integer") -> int:
+    """``text`` as an integer in ``[low, high]``, else an argparse error."""
+    try:
+        value = int(_plain_number(text, what))
+    except ValueError:  # also a number of more digits than int() reads
+        raise argparse.ArgumentTypeError(f"invalid {what} {text[:40]!r}: not an "
+                                         "integer") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"invalid {what} {text[:40]!r}: must lie in "
+                                         f"[{low}, {high}]")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="advcal", description="Advantage calibration for group-relative RL."
-    )
+    parser = _Parser(prog="advcal", description="Advantage calibration for group-relative RL.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in _COMMANDS:
         child = sub.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(child)
-        child.set_defaults(run=command.run)
+        child.set_defaults(run=command.run, prog=child.prog)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``advcal`` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    """Entry point of the ``advcal`` console script; returns the exit code.
+
+    0 on success; 2 with one line on stderr for a bad file or option (argparse's usage
+    errors too, by ``SystemExit(2)``); 141, silently, when stdout is closed by its
+    reader (``| head``); 130 on Ctrl-C.  Only what :func:`is_bad_input` accepts is
+    reported as one line: any other exception is a bug and propagates.
+    """
+    parser = build_parser()
+    args: argparse.Namespace | None = None
+    with _escaped_output():
+        try:
+            args = parser.parse_args(argv)
+            code = int(args.run(args))
+            sys.stdout.flush()  # a closed pipe shows here, not in the flush at exit
+            return code
+        except BrokenPipeError:
+            _drop_stdout()
+            return EXIT_CLOSED_PIPE
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+        except bad_input_types() as exc:
+            if not is_bad_input(exc):
+                raise
+            return _report(getattr(args, "prog", parser.prog), exc, args)
 
 
 if __name__ == "__main__":

@@ -573,7 +573,7 @@ def test_big_endian_npz_reads_like_native(capsys, tmp_path):
 def test_bad_binary_and_npz_contents(capsys, tmp_path):
     path = tmp_path / "latin.csv"
     path.write_bytes(b"group,reward\n\xff\xfe,1\n")
-    assert "not a UTF-8 text file" in run_bad(capsys, ["diagnose", str(path)])
+    assert "UTF-8 text" in run_bad(capsys, ["diagnose", str(path)])
     path = tmp_path / "nokey.npz"
     np.savez(path, scores=np.ones(3))
     assert "no array 'rewards' (found: scores)" in run_bad(capsys, ["diagnose", str(path)])
