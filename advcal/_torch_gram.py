@@ -211,7 +211,7 @@ def _trainable(module: Any) -> tuple[bool, bool]:
     return bool(module.weight.requires_grad), bias is not None and bool(bias.requires_grad)
 
 
-class _Selection:
+class LayerSelection:
     """The layers a ``layers`` argument selects in a model, resolved once and reusable for
     the captures of later batches while the model's modules (by identity) and the
     ``requires_grad`` of their linear layers' parameters stay as they were: then resolving
@@ -227,13 +227,6 @@ class _Selection:
         types = _linear_types()
         self._linear = [m for m in self.modules if isinstance(m, types)]
         self._flags = [_trainable(m) for m in self._linear]
-
-    def covers_trained_linear(self, exempt: Any = None) -> bool:
-        """Whether every linear layer with a trainable parameter, but ``exempt``, is selected
-        (as of the resolution: ``current`` says whether that still holds)."""
-        selected = {id(layer.module) for layer in self.layers}
-        return all(id(m) in selected or m is exempt
-                   for m, flags in zip(self._linear, self._flags, strict=True) if any(flags))
 
     def current(self) -> bool:
         """Whether resolving ``layers`` in the model now would select the same layers."""
@@ -481,7 +474,7 @@ class GradientCapture:
         if isinstance(batch_dim, bool) or not isinstance(batch_dim, (int, np.integer)):
             raise TypeError(f"`batch_dim` must be an integer; got {batch_dim!r}.")
         self._model = model
-        if isinstance(layers, _Selection):  # resolved by the caller for an earlier batch
+        if isinstance(layers, LayerSelection):  # resolved by the caller for an earlier batch
             if layers.model is not model:
                 raise ValueError("`layers`: this selection was resolved for another model.")
             self._layers, self._named = layers.layers, layers.named
@@ -513,8 +506,6 @@ class GradientCapture:
                                  "that shares its weight out.")
             self._shared.add(id(m.weight))
         self._looked_up: list[list[tuple[Any, Any, int]]] = [[] for _ in self._embeddings]
-        self._kept: list[list[tuple[Any, Any]]] | None = None
-        self._extra: list[Any] | None = None
         self._state = "new"
 
     @property
@@ -592,7 +583,8 @@ class GradientCapture:
     # ------------------------------------------------------------------ Gram
 
     def gram(self, objectives: Any, offsets: Any = None, group_ids: Any = None, *,
-             group_size: int | None = None, output: str = "numpy") -> Any:
+             group_size: int | None = None, output: str = "numpy",
+             start: tuple[Any, Any] | None = None) -> Any:
         """Gram matrices of the responses' policy gradients, group by group.
 
         Call it after the forward pass (inside or after the ``with`` block) and before the
@@ -617,6 +609,12 @@ class GradientCapture:
         output : {"numpy", "tensor"}, default "numpy"
             A float64 numpy array, or a tensor on the model's device in the accumulation
             dtype (float64 for float64 models, float32 otherwise).
+        start : (torch.Tensor, torch.Tensor), optional
+            ``(tensor, gradient of objectives.sum() at it)``: the backward to the covered
+            layers starts there instead of at the objectives, for a caller that computed
+            that gradient itself (the TRL integration does, at the input of TRL's fused LM
+            head, to skip the head's recomputation).  Every path from the objectives to the
+            covered layers must pass through ``tensor``.
 
         Returns
         -------
@@ -632,16 +630,6 @@ class GradientCapture:
             exact); when the Gram matrix is not finite (naming the objectives, the layers
             whose inputs or output gradients hold NaN or inf, or an overflow).
         """
-        return self._gram(objectives, None, offsets, group_ids, group_size, output)
-
-    def _gram(self, objectives: Any, start: tuple[Any, Any] | None, offsets: Any,
-              group_ids: Any, group_size: int | None, output: str, keep: bool = False,
-              extra: list[Any] | None = None) -> Any:
-        """:meth:`gram`, whose backward to the recorded outputs starts at ``start`` =
-        (tensor, gradient of ΣJ there) when a caller computed that gradient itself (the TRL
-        integration does so at the input of TRL's fused LM head).  ``keep`` keeps each
-        call's (input, δ) for :meth:`_weight_gradients`, and the same pass's gradients at
-        the ``extra`` tensors or gradient edges (None where it does not reach them)."""
         torch = _torch()
         if output not in OUTPUTS:
             raise ValueError(f"`output` must be one of {OUTPUTS}; got {output!r}.")
@@ -713,12 +701,9 @@ class GradientCapture:
         self._state = "done"  # from here on the capture is consumed, even if this fails
         try:
             root, seed = (objectives.sum(), None) if start is None else start
-            extra = list(extra or [])
             outputs = [rec[2] for _, rec in flat] + [call[1] for _, call in lookups]
-            deltas = torch.autograd.grad(root, outputs + extra, grad_outputs=seed,
+            deltas = torch.autograd.grad(root, outputs, grad_outputs=seed,
                                          retain_graph=True, allow_unused=True)
-            if keep:
-                self._extra = list(deltas[len(outputs):])
             looked_up = deltas[len(flat):len(outputs)]
             deltas = deltas[:len(flat)]
         except RuntimeError as exc:
@@ -742,7 +727,6 @@ class GradientCapture:
             if delta is not None:
                 per_layer[index].append((x, delta))
         self._records = None  # the activations are released as the layers are done
-        self._kept = [list(pairs) for pairs in per_layer] if keep else None
         del flat, deltas
         device = params[0].device
         # an embedding's lookups of a weight: as a linear layer's calls whose input is the
@@ -779,49 +763,6 @@ class GradientCapture:
         if output == "tensor":
             return out
         return out.detach().to(device="cpu", dtype=torch.float64).numpy()
-
-    def _weight_gradients(self, scales: Any) -> list[tuple[Any, Any]]:
-        """(parameter, gradient) of a loss L with ∂L/∂y = scales_i · δ on the tokens of
-        response i at every covered layer's output y (δ = ∂ΣJ/∂y, kept by
-        ``_gram(keep=True)``): Σ over the layer's calls of δᵀ (scales·h), and Σ scales·δ for
-        the bias.  Computed in the parameters' dtype, at least float32; releases what
-        ``keep`` kept."""
-        torch = _torch()
-        kept, self._kept = self._kept, None
-        assert kept is not None
-        n = int(scales.shape[0])
-        grads: dict[int, tuple[Any, Any]] = {}
-        # Calls with inputs and δ of one shape take one batched product (LoRA adapters come
-        # in a few shapes).
-        alike: dict[tuple[Any, ...], list[tuple[Any, Any, Any]]] = {}
-
-        def add(param: Any, grad: Any) -> None:
-            if id(param) in grads:  # a parameter shared by several covered layers
-                grad = grads[id(param)][1] + grad
-            grads[id(param)] = (param, grad)
-
-        with torch.autocast(scales.device.type, enabled=False):
-            for layer, pairs in zip(self._layers, kept, strict=True):
-                if not pairs:
-                    continue
-                module = layer.module
-                dtype = torch.promote_types(module.weight.dtype, torch.float32)
-                for x, d in pairs:
-                    h, d = self._token_rows(x, n), self._token_rows(d, n)
-                    if layer.bias:
-                        add(module.bias, torch.einsum("ntf,n->f", d.to(dtype), scales.to(dtype)))
-                    if layer.weight:
-                        alike.setdefault((h.shape, d.shape, dtype), []).append((module, h, d))
-            for (_, _, dtype), calls in alike.items():
-                h = torch.stack([call[1] for call in calls]).to(dtype)
-                d = torch.stack([call[2] for call in calls]).to(dtype)
-                h = (h * scales.to(dtype)[None, :, None, None]).flatten(1, 2)
-                products = d.flatten(1, 2).transpose(1, 2) @ h  # (calls, d_out, d_in)
-                for (module, _, _), product in zip(calls, products, strict=True):
-                    # nn.Linear keeps its weight (d_out, d_in), transformers' Conv1D transposed
-                    add(module.weight, product if isinstance(module, torch.nn.Linear)
-                        else product.T)
-        return [(param, grad.to(param.dtype)) for param, grad in grads.values()]
 
     def _units(self, per_layer: list[list[tuple[Any, Any]]],
                tied: dict[int, list[tuple[Any, Any]]]

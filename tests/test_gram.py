@@ -515,7 +515,7 @@ def test_a_resolved_selection_gives_the_gram_of_a_fresh_capture(layers: object) 
     model = make_model("llama")
     if layers == "predicate":
         layers = last_blocks(model.model, 1)
-    selection = tg._Selection(model, layers)
+    selection = tg.LayerSelection(model, layers)
     assert selection.current()
     for seed in (1, 2):  # two batches, one selection
         batch = make_batch(6, vocab=24, seed=seed)
@@ -530,25 +530,25 @@ def test_a_resolved_selection_gives_the_gram_of_a_fresh_capture(layers: object) 
 
 def test_a_selection_notices_changed_modules_and_requires_grad() -> None:
     model = make_model("mlp")
-    selection = tg._Selection(model, None)
+    selection = tg.LayerSelection(model, None)
     assert [layer.name for layer in selection.layers] == ["fc1", "fc2"]
     model.fc2.bias.requires_grad_(False)  # still selected, without its bias
     assert not selection.current()
-    selection = tg._Selection(model, None)
+    selection = tg.LayerSelection(model, None)
     assert (selection.layers[1].weight, selection.layers[1].bias) == (True, False)
     model.fc1.requires_grad_(False)  # no longer selected
     assert not selection.current()
-    assert [layer.name for layer in tg._Selection(model, None).layers] == ["fc2"]
+    assert [layer.name for layer in tg.LayerSelection(model, None).layers] == ["fc2"]
     model = make_model("mlp")
-    selection = tg._Selection(model, None)
+    selection = tg.LayerSelection(model, None)
     model.fc1 = nn.Linear(6, 9)  # a new module in the same place
     assert not selection.current()
     model = make_model("mlp")
-    selection = tg._Selection(model, None)
+    selection = tg.LayerSelection(model, None)
     model.extra = nn.Linear(2, 2)  # a module more
     assert not selection.current()
     model = make_model("mlp")
-    selection = tg._Selection(model, None)
+    selection = tg.LayerSelection(model, None)
     model.fc1.weight.requires_grad_(True)  # no change
     assert selection.current()
 

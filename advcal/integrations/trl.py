@@ -409,7 +409,7 @@ class AdvcalGRPOMixin:
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
         if self._advcal.mode != "setgrpo" or not model.training:
             return super()._compute_loss(model, inputs)  # type: ignore[misc]
-        from advcal._torch_gram import _Selection
+        from advcal._torch_gram import LayerSelection
         from advcal.torch import GradientCapture
 
         settings = self._advcal
@@ -422,7 +422,7 @@ class AdvcalGRPOMixin:
         # requires_grad change.
         selection = getattr(self, "_advcal_selection", None)
         if selection is None or selection.model is not unwrapped[1] or not selection.current():
-            selection = _Selection(unwrapped[1], _default_layers(unwrapped[1])
+            selection = LayerSelection(unwrapped[1], _default_layers(unwrapped[1])
                                    if settings.layers is None else settings.layers)
             self._advcal_selection = selection
         capture = GradientCapture(unwrapped[1], selection,
@@ -470,8 +470,8 @@ class AdvcalGRPOMixin:
         bounds = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1,
                                  [groups.size]))
         # The backward starts below TRL's fused LM head where that gives the same K.
-        gram = capture._gram(objectives, head_start(objectives), None,
-                             GroupIndex(bounds, order, ordered[bounds[:-1]]), None, "numpy")
+        gram = capture.gram(objectives, group_ids=GroupIndex(bounds, order, ordered[bounds[:-1]]),
+                            start=head_start(objectives))
         sizes = np.diff(bounds)
         if not np.isnan(rewards).any():
             keep, offsets, kept_sizes, blocks = order, bounds, sizes, [gram]
