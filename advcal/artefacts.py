@@ -40,7 +40,8 @@ import numpy as np
 
 from advcal import _npy
 from advcal._files import atomic_write, open_regular, user_path
-from advcal.conformal import RANGE_METHODS, RangeCalibration, conformal_quantile
+from advcal.conformal import RANGE_METHODS, LabelMapping, RangeCalibration, conformal_quantile
+from advcal.layouts import label_key
 from advcal.registry import ESTIMATORS
 from advcal.risk import ThresholdSelection
 from advcal.sets import CENTERED, NOISES, SHAPES, SetCalibration
@@ -242,20 +243,22 @@ def validate_range_calibration(cal: Any) -> None:
                          f"got {categories.shape}.")
     if None in radius:
         raise ValueError("`radius` must not have the key None with `categories`.")
-    seen = set()
+    # Labels are equal only with the same type and value (1, True and 1.0 are three).
+    seen: dict[Any, Any] = {}
     for label in categories.tolist():
         try:
-            seen.add(label)
+            seen.setdefault(label_key(label), label)
         except TypeError:
             raise TypeError(f"`categories` must hold hashable labels; got "
                             f"{type(label).__name__}.") from None
-    missing = seen.difference(radius)
+    keys = {label_key(key): key for key in radius}
+    missing = [label for key, label in seen.items() if key not in keys]
     if missing:
-        raise ValueError(f"`radius` has no entry for category {next(iter(missing))!r} of "
+        raise ValueError(f"`radius` has no entry for category {missing[0]!r} of "
                          "`categories`.")
-    unused = set(radius).difference(seen)
+    unused = [label for key, label in keys.items() if key not in seen]
     if unused:
-        raise ValueError(f"`radius` has category {next(iter(unused))!r}, which no calibration "
+        raise ValueError(f"`radius` has category {unused[0]!r}, which no calibration "
                          "score has in `categories`.")
 
 
@@ -340,12 +343,14 @@ def _check_consistent(kind: str, obj: Any) -> None:
                              f"`scores` at `alpha` ({expected!r}).")
     elif kind == "RangeCalibration":
         if obj.categories is None:
-            groups = {None: obj.scores}
+            groups = [(None, obj.scores)]
         else:
-            index = {key: i for i, key in enumerate(obj.radius)}
-            codes = np.array([index[lab] for lab in obj.categories.tolist()], dtype=np.int64)
-            groups = {key: obj.scores[codes == i] for key, i in index.items()}
-        for key, scores in groups.items():
+            keys = list(obj.radius)
+            index = {label_key(key): i for i, key in enumerate(keys)}
+            codes = np.array([index[label_key(lab)] for lab in obj.categories.tolist()],
+                             dtype=np.int64)
+            groups = [(key, obj.scores[codes == i]) for i, key in enumerate(keys)]
+        for key, scores in groups:
             expected = conformal_quantile(scores, obj.alpha)
             if float(obj.radius[key]) != expected:
                 raise ValueError(f"`radius[{key!r}]` = {float(obj.radius[key])!r} is not the "
@@ -497,9 +502,9 @@ def _encode(obj: Any, kind: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]
         arrays["scores"] = obj.scores
         arrays["radius"] = np.array([float(obj.radius[k]) for k in keys], dtype=np.float64)
         if obj.categories is not None:
-            index = {k: i for i, k in enumerate(keys)}
+            index = {label_key(k): i for i, k in enumerate(keys)}
             arrays["category_codes"] = np.array(
-                [index[lab] for lab in obj.categories.tolist()], dtype=np.int64)
+                [index[label_key(lab)] for lab in obj.categories.tolist()], dtype=np.int64)
     else:
         fields = {"tau_sel": _encode_value(obj.tau_sel, "tau_sel"),
                   "level": _encode_value(obj.level, "level")}
@@ -570,9 +575,18 @@ def _decode(kind: str, fields: Mapping[str, Any], arrays: Mapping[str, np.ndarra
         if radius_values.size != len(keys):
             raise ValueError(f"`radius` must have one value per category ({len(keys)}); got "
                              f"{radius_values.size}.")
-        radius = dict(zip(keys, radius_values.tolist(), strict=True))
-        if len(radius) != len(keys):  # 1 and True collide as dict keys
-            raise ValueError("`labels` has labels that are equal in Python (e.g. 1 and True).")
+        mapping = _field(fields, "radius_mapping")
+        pairs = list(zip(keys, radius_values.tolist(), strict=True))
+        radius: Mapping[Any, float]
+        if mapping == "LabelMapping":  # keeps 1, True and 1.0 apart
+            radius = LabelMapping(pairs)
+        else:
+            radius = dict(pairs)
+            if len(radius) != len(keys):  # 1 and True collide as dict keys
+                raise ValueError("`labels` has labels that are equal in Python (e.g. 1 and "
+                                 "True), which only a LabelMapping radius keeps apart.")
+            if mapping == "mappingproxy":
+                radius = MappingProxyType(radius)
         categories = None
         if mondrian:
             codes = array("category_codes")
@@ -584,10 +598,7 @@ def _decode(kind: str, fields: Mapping[str, Any], arrays: Mapping[str, np.ndarra
             categories[:] = [keys[c] for c in codes.tolist()]
             categories.flags.writeable = False
         scores.flags.writeable = False
-        mapping = _field(fields, "radius_mapping")
-        radius_map: Mapping[Any, float] = MappingProxyType(radius) \
-            if mapping == "mappingproxy" else radius
-        return RangeCalibration(text("method"), value("alpha"), value("bounds"), radius_map,
+        return RangeCalibration(text("method"), value("alpha"), value("bounds"), radius,
                                 scores, categories)
     names = list(ThresholdSelection._fields)
     kwargs: dict[str, Any] = {}

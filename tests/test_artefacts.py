@@ -32,6 +32,7 @@ from advcal import (
     setgrpo,
 )
 from advcal.artefacts import FORMAT_VERSION
+from advcal.conformal import LabelMapping
 from advcal.simulate import gram_matrices, paired_scorings
 
 # --------------------------------------------------------------------------- helpers
@@ -191,6 +192,22 @@ def test_range_calibration_round_trip(tmp_path: Path, labels: Any) -> None:
         assert list(back.radius) == [1, "1", 2]  # 1 and "1" stay two categories
 
 
+def test_labels_equal_in_python_round_trip(tmp_path: Path) -> None:
+    # 1, True and 1.0 are three categories (advcal's label rule); a dict would merge them,
+    # so the radius is a LabelMapping, and it comes back as one with the same labels.
+    cal = mondrian_ranges([1, True, 1.0, "1", 2] * 8)
+    assert isinstance(cal.radius, LabelMapping)
+    back = round_trip(cal, tmp_path / "r.npz")
+    assert isinstance(back.radius, LabelMapping)
+    assert [(type(k), k) for k in back.radius] == [(int, 1), (bool, True), (float, 1.0),
+                                                   (str, "1"), (int, 2)]
+    assert [type(c) for c in back.categories[:5]] == [int, bool, float, str, int]
+    for label in (1, True, 1.0, "1", 2):
+        chosen = np.array([type(c) is type(label) and c == label
+                           for c in back.categories.tolist()])
+        assert back.radius[label] == conformal_quantile(back.scores[chosen], back.alpha)
+
+
 @pytest.mark.parametrize("method", ["absolute", "normalized", "cqr"])
 def test_range_methods_round_trip(tmp_path: Path, method: str) -> None:
     rng = np.random.default_rng(5)
@@ -216,14 +233,15 @@ def test_range_methods_round_trip(tmp_path: Path, method: str) -> None:
 
 @settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(labels=st.lists(st.one_of(st.integers(-3, 3), st.text(max_size=2),
-                                 st.sampled_from(["1", "0", ""])), min_size=1, max_size=25),
+@given(labels=st.lists(st.one_of(st.integers(-3, 3), st.text(max_size=2), st.booleans(),
+                                 st.sampled_from(["1", "0", "", 1.0, 0.0, -2.5])),
+                       min_size=1, max_size=25),
        seed=st.integers(0, 2**16))
 def test_range_categories_round_trip_property(tmp_path: Path, labels: list[Any],
                                               seed: int) -> None:
     cal = mondrian_ranges(labels, seed)
     back = round_trip(cal, tmp_path / "q.npz")
-    # Every label keeps its type: 1 and "1" stay two categories.
+    # Every label keeps its type: 1, True, 1.0 and "1" stay four categories.
     assert [type(k) for k in back.radius] == [type(k) for k in cal.radius]
 
 
