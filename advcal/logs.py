@@ -35,7 +35,6 @@ import math
 import os
 import shutil
 import tempfile
-import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,6 +42,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+
+from advcal import _npy
+from advcal._files import open_regular
 
 __all__ = ["FORMATS", "PRESETS", "REWARD_AGGREGATIONS", "BadRows", "ColumnLog", "LogError",
            "MissingDependencyError", "Preset", "RewardLog", "detect_format", "read_columns",
@@ -57,6 +59,7 @@ INSTALL_HINT = "pip install 'advcal[logs]'"
 _EXAMPLES = 5  # bad rows reported by line
 _BLOCK = 8 << 20  # bytes of text parsed at a time
 _NPZ_ROWS = 1 << 20  # rows of an array digested at a time
+_NPZ_MEMBERS = 1024  # arrays of an .npz log (checked before its directory is read)
 # The TRL epsilon added to the per-group standard deviation in normalize_then_sum.
 _TRL_EPS = 1e-4
 
@@ -1021,73 +1024,45 @@ def _read_parquet(path: Path, plan_for: Callable[..., _Plan], on_bad_row: str,
 # --------------------------------------------------------------------------- NPZ / NPY
 
 
-def _npy_header(fp: IO[bytes], name: str, limit: int) -> tuple[tuple[int, ...], bool, np.dtype]:
-    """Shape, Fortran order and dtype from a .npy header, checked against ``limit``."""
-    fmt = np.lib.format
-    try:
-        version = fmt.read_magic(fp)
-        if version == (1, 0):
-            shape, fortran, dtype = fmt.read_array_header_1_0(fp)
-        elif version in ((2, 0), (3, 0)):
-            shape, fortran, dtype = fmt.read_array_header_2_0(fp)
-        else:
-            raise ValueError(f"unsupported .npy version {version}")
-    except (ValueError, EOFError, OSError, SyntaxError) as exc:
-        raise LogError(f"{name} is not a .npy array ({_first_line(exc)})") from None
-    if dtype.hasobject:
-        raise LogError(f"{name} holds Python objects, which are never loaded (pickles); "
-                       "save numbers or strings")
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes > limit:
-        raise LogError(f"{name} has shape {shape} ({nbytes:,} bytes), over the limit of "
-                       f"{limit:,} bytes")
-    return shape, fortran, dtype
-
-
 def _npy_read(fp: IO[bytes], name: str, limit: int, size: int | None) -> np.ndarray:
-    start = fp.tell() if size is not None else 0
-    shape, fortran, dtype = _npy_header(fp, name, limit)
-    nbytes = math.prod(shape) * dtype.itemsize
-    if size is not None and size - (fp.tell() - start) < nbytes:
-        raise LogError(f"{name} is truncated: its header promises {nbytes:,} bytes of data, "
-                       f"the file holds {size - (fp.tell() - start):,}")
-    data = fp.read(nbytes)
-    if len(data) < nbytes:
-        raise LogError(f"{name} is truncated: its header promises {nbytes:,} bytes of data, "
-                       f"the file holds {len(data):,}")
-    array = np.frombuffer(data, dtype=dtype, count=math.prod(shape))
-    array = array.reshape(shape, order="F" if fortran else "C")
-    if dtype.byteorder not in ("=", "|") and dtype.names is None:
-        array = array.astype(dtype.newbyteorder("="))  # big-endian: native order
-    return array
+    """The array of a .npy stream of ``size`` bytes (when known), in native byte order, by
+    advcal's one bounded .npy reader (:mod:`advcal._npy`): refused past ``limit`` bytes
+    (an empty dimension counted as 1) before anything is read."""
+    try:
+        return _npy.read_npy(fp, name, limit, size=size, native=True)
+    except _npy.NpyError as exc:
+        raise LogError(str(exc)) from None
 
 
 def _read_arrays(path: Path, fmt: str, limit: int) -> dict[str, np.ndarray]:
-    if fmt == "npy":
-        with open(path, "rb") as f:
-            array = _npy_read(f, "the .npy file", limit, os.path.getsize(path))
-        if array.dtype.names:
-            return {n: _native(array[n]) for n in array.dtype.names}
-        return {"rewards": array}
-    try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        raise LogError(f"cannot read as .npz ({_first_line(exc)})") from None
-    with archive:
-        infos = archive.infolist()
-        total = sum(i.file_size for i in infos)
-        if total > limit:  # before anything is decompressed: a zip bomb stops here
-            raise LogError(f"the .npz members decompress to {total:,} bytes, over the limit "
-                           f"of {limit:,} bytes")
-        arrays = {}
-        for info in infos:
-            name = info.filename.removesuffix(".npy")
-            try:
-                with archive.open(info) as member:
-                    arrays[name] = _npy_read(member, f"member {name!r}", limit, info.file_size)
-            except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as exc:
-                raise LogError(f"cannot read as .npz (member {name!r}: "
-                               f"{_first_line(exc)})") from None
+    """The arrays of a .npy file (its fields, if structured) or of an .npz archive (its
+    members, at most ``_NPZ_MEMBERS``, ``limit`` bytes in all, checked from the zip
+    directory before anything is decompressed), read by :mod:`advcal._npy`."""
+    f, size = open_regular(path, "log")
+    with f:
+        if fmt == "npy":
+            array = _npy_read(f, "the .npy file", limit, size)
+            if array.dtype.names:
+                return {n: _native(array[n]) for n in array.dtype.names}
+            return {"rewards": array}
+        try:
+            archive = _npy.open_zip(f, size, _NPZ_MEMBERS)
+        except _npy.NpyError as exc:
+            raise LogError(f"cannot read as .npz ({exc})") from None
+        with archive:
+            infos = archive.infolist()
+            total = sum(i.file_size for i in infos)
+            if total > limit:  # before anything is decompressed: a zip bomb stops here
+                raise LogError(f"the .npz members decompress to {total:,} bytes, over the "
+                               f"limit of {limit:,} bytes")
+            arrays = {}
+            for info in infos:
+                name = info.filename.removesuffix(".npy")
+                try:
+                    arrays[name] = _npy.read_member(archive, info, f"member {name!r}", limit,
+                                                    native=True)
+                except _npy.NpyError as exc:
+                    raise LogError(str(exc)) from None
     return arrays
 
 
@@ -1118,37 +1093,41 @@ def _read_npz(path: Path, fmt: str, plan_for: Callable[..., _Plan], on_bad_row: 
             raise LogError(f"array {c!r} has shape {a.shape}, {plan.value_cols[0]!r} has "
                            f"{shape}")
     n = math.prod(shape)
+    group_pieces: list[Callable[[int, int], np.ndarray]]  # rows lo:hi -> their group ids
     if len(shape) == 2:
         if plan.group_cols:
             raise LogError("2-D rewards are grouped by row; drop --group-col")
-        group_arrays = [np.repeat(np.arange(shape[0]), shape[1])]
+        width = shape[1]  # row ids made per chunk: (2**28, 0) rewards take no memory
+        group_pieces = [lambda lo, hi: np.arange(lo, hi) // width]
         plan = _Plan(("row",), plan.reward_cols, plan.extra_cols)
         digest = _Digest(plan, on_bad_row, "row")
     elif plan.grouped and plan.group_cols == ("offsets",):
-        off = arrays["offsets"]
-        if off.dtype.kind not in "iu" or off.ndim != 1 or off.size < 1 or off[0] != 0 \
-                or off[-1] != n or np.any(np.diff(off) < 0):
-            raise LogError(f"array 'offsets' must be non-decreasing integers from 0 to {n}")
-        group_arrays = [np.repeat(np.arange(off.size - 1), np.diff(off))]
+        off = _offsets(arrays["offsets"], n)
+        # the group of each row by a search per chunk, not an array of n group ids
+        group_pieces = [lambda lo, hi: np.searchsorted(off, np.arange(lo, hi), "right") - 1]
     elif not plan.group_cols:
         if plan.grouped:
             raise LogError("1-D rewards need exactly one of `offsets` or `group_ids` (or "
                            "--group-col NAME)")
-        group_arrays = []
+        group_pieces = []
     else:
-        group_arrays = []
+        group_pieces = []
         for c in plan.group_cols:
             g = arrays[c]
             if g.ndim != 1 or g.size != n:
                 raise LogError(f"array {c!r} must be 1-D with one label per row ({n}); "
                                f"got shape {g.shape}")
-            group_arrays.append(g)
+
+            def labels(lo: int, hi: int, g: np.ndarray = g) -> np.ndarray:
+                return g[lo:hi]
+
+            group_pieces.append(labels)
     flat = [a.reshape(-1) for a in value_arrays]
     for lo in range(0, n, _NPZ_ROWS):
         hi = min(n, lo + _NPZ_ROWS)
         codes = []
-        for g in group_arrays:
-            piece = g[lo:hi]
+        for piece_of in group_pieces:
+            piece = piece_of(lo, hi)
             if piece.dtype.kind in "iu":
                 codes.append(_keys_arrow(pa.array(piece.astype(np.int64))))
             elif piece.dtype.kind in "USb":
@@ -1163,6 +1142,20 @@ def _read_npz(path: Path, fmt: str, plan_for: Callable[..., _Plan], on_bad_row: 
         digest.add(codes, values, [None] * len(values), [a[lo:hi] for a in flat],
                    np.arange(lo + 1, hi + 1))
     return plan, digest
+
+
+def _offsets(off: np.ndarray, n: int) -> np.ndarray:
+    """An .npz log's ``offsets`` as int64, checked: 1-D integers (unsigned ones too, when
+    they fit int64) non-decreasing from 0 to ``n``."""
+    message = f"array 'offsets' must be non-decreasing integers from 0 to {n}"
+    if off.dtype.kind not in "iu" or off.ndim != 1 or off.size < 1:
+        raise LogError(f"{message}; got {off.ndim}-D {off.dtype} of size {off.size}")
+    if off.dtype.kind == "u" and off.max() > np.iinfo(np.int64).max:
+        raise LogError(f"{message}; got {off.max()}, beyond int64")
+    off = off.astype(np.int64, copy=False)
+    if off[0] != 0 or off[-1] != n or np.any(off[1:] < off[:-1]):
+        raise LogError(message)
+    return off
 
 
 def _decompressed_copy(path: Path, compression: str, limit: int, workdir: str) -> Path:
