@@ -42,6 +42,7 @@ from advcal.cli import (
     finite_arg,
     int_arg,
     is_bad_input,
+    numbers,
     one_line,
     path_arg,
     printable,
@@ -190,10 +191,9 @@ def _read_paired(args: argparse.Namespace, second: str
     weights = None
     if args.reward_weights is not None:
         try:
-            weights = [float(w) for w in args.reward_weights.split(",")]
-        except ValueError:
-            raise _BadInput(f"--reward-weights {args.reward_weights!r}: expected "
-                            "comma-separated numbers") from None
+            weights = numbers(args.reward_weights, "--reward-weights")
+        except ValueError as exc:
+            raise _BadInput(str(exc)) from None
     with _log_errors(args.file):
         log = logs.read_log(args.file, preset=args.preset, group_cols=args.group_col,
                             reward_cols=args.reward_col, reward_weights=weights,
@@ -627,9 +627,9 @@ def _gram_subset(gram: np.ndarray, offsets: np.ndarray, groups: np.ndarray) -> n
 
 def _thresholds(text: str) -> np.ndarray:
     try:
-        values = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise ValueError(f"--thresholds {text!r}: expected comma-separated numbers") from None
+        values = numbers(text, "--thresholds")
+    except ValueError as exc:
+        raise _BadInput(str(exc)) from None
     return np.array(values)
 
 

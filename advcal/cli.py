@@ -819,10 +819,9 @@ def _run_diagnose(args: argparse.Namespace) -> int:
     weights = None
     if args.reward_weights is not None:
         try:
-            weights = [float(w) for w in args.reward_weights.split(",")]
-        except ValueError:
-            return fail(f"--reward-weights {args.reward_weights!r}: expected comma-separated "
-                        "numbers")
+            weights = numbers(args.reward_weights, "--reward-weights")
+        except ValueError as exc:
+            return fail(str(exc))
     on_bad_row = "error" if args.strict else args.on_bad_row
     report, bar = _read_progress(f"reading {Path(args.file).name}",
                                  _progress_enabled(args.no_progress, sys.stderr))
@@ -995,9 +994,15 @@ _BAD_INPUT: tuple[type[BaseException], ...] = (
 _CONTROL = {c: f"\\x{c:02x}" for c in (*range(32), 127) if c != 9}
 
 
+# Stdlib decoders whose RuntimeErrors are about the bytes they decode: zipfile's for an
+# encrypted member or an unknown compression method (NotImplementedError), json's
+# RecursionError for nesting too deep.  A RuntimeError from anywhere else is a bug.
+_DECODERS = ("zipfile", "json")
+
+
 def bad_input_types() -> tuple[type[BaseException], ...]:
     """:data:`_BAD_INPUT`, every pyarrow error (pyarrow only reads logs) and
-    ``RuntimeError``, of which :func:`is_bad_input` keeps only zipfile's."""
+    ``RuntimeError``, of which :func:`is_bad_input` keeps only the decoders'."""
     arrow = sys.modules.get("pyarrow.lib")
     extra = (arrow.ArrowException,) if arrow is not None else ()
     return (*_BAD_INPUT, *extra, RuntimeError)
@@ -1010,13 +1015,11 @@ def is_bad_input(exc: BaseException) -> bool:
         return True
     if not isinstance(exc, RuntimeError):
         return False
-    # zipfile raises RuntimeError for an encrypted member and NotImplementedError (a
-    # RuntimeError) for an unknown compression method; from anywhere else they are bugs.
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
-    return module == "zipfile" or module.startswith("zipfile.")
+    return module.split(".")[0] in _DECODERS
 
 
 def printable(text: str) -> str:
@@ -1144,6 +1147,17 @@ def finite_arg(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a finite number")
     return value
+
+
+def numbers(text: str, option: str) -> list[float]:
+    """A comma-separated option value (``--reward-weights``, ``--thresholds``) as finite
+    numbers, by the rule of :func:`finite_arg`; a ``ValueError`` naming ``option``
+    otherwise."""
+    try:
+        return [finite_arg(part.strip()) for part in text.split(",")]
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"{option} {text[:80]!r}: expected comma-separated numbers "
+                         f"({exc})") from None
 
 
 def int_arg(text: str, *, low: int, high: int, what: str = "integer") -> int:

@@ -294,16 +294,28 @@ def test_whatever_a_reader_raises_for_a_bad_file_is_one_line(
         assert log in err and str(files["thr"]) not in err, err
 
 
-def test_runtime_errors_from_zipfile_are_bad_input_and_others_are_bugs(
+def _json_recursion_error() -> RecursionError:
+    """The RecursionError json raises for a document nested too deep, raised by json."""
+    try:
+        json.loads("[" * 200_000)
+    except RecursionError as exc:
+        return exc
+    raise AssertionError("json decoded 200000 nested arrays")
+
+
+def test_runtime_errors_from_decoders_are_bad_input_and_others_are_bugs(
         files: dict[str, Path], capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    encrypted = _zipfile_runtime_error(files["tmp"])
+    """zipfile's RuntimeError (an encrypted member) and json's RecursionError (nesting too
+    deep) are about the file; a RuntimeError, KeyError, IndexError or AttributeError from
+    anywhere else is a bug and keeps its traceback."""
+    for decoded, message in ((_zipfile_runtime_error(files["tmp"]), "encrypted"),
+                             (_json_recursion_error(), "maximum recursion depth")):
+        def decoder_fail(*args: Any, _exc: BaseException = decoded, **kwargs: Any) -> Any:
+            raise _exc
 
-    def zip_fail(*args: Any, **kwargs: Any) -> Any:
-        raise encrypted
-
-    monkeypatch.setattr(logs, "read_log", zip_fail)
-    err = bad(capsys, "diagnose", str(files["log"]))
-    assert "encrypted" in err and str(files["log"]) in err
+        monkeypatch.setattr(logs, "read_log", decoder_fail)
+        err = bad(capsys, "diagnose", str(files["log"]))
+        assert message in err and str(files["log"]) in err
 
     for bug in (RuntimeError("an internal state went wrong"), KeyError("offsets"),
                 IndexError("index 9 is out of bounds"), AttributeError("no attribute 'x'")):
@@ -386,6 +398,27 @@ def test_bad_options_are_one_argparse_line(files: dict[str, Path], capsys: Any,
     assert err.count("\n") == 1 and "Traceback" not in err and "usage:" not in err, err
     assert message in err, err
     assert err.endswith("--help)\n") and len(err) < 400, err
+    assert not (files["tmp"] / "o.npz").exists()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["diagnose", "{log}", "--reward-weights", "1_0"],
+     "--reward-weights '1_0': expected comma-separated numbers (invalid number '1_0')"),
+    (["diagnose", "{log}", "--reward-weights", "\uff11"], "--reward-weights"),
+    (["diagnose", "{log}", "--reward-weights", "1,,2"], "invalid number ''"),
+    (["calibrate", "sets", "{log}", "-o", "{out}", "--reward-weights", "nan"],
+     "'nan' is not a finite number"),
+    (["calibrate", "sets", "{log}", "-o", "{out}", "--reward-weights", HUGE],
+     "is not a finite number"),
+    (["calibrate", "threshold", "{thr}", "-o", "{out}", "--thresholds", "0.5,1_0"],
+     "--thresholds '0.5,1_0': expected comma-separated numbers (invalid number '1_0')"),
+])
+def test_number_lists_are_finite_plain_numbers(files: dict[str, Path], capsys: Any,
+                                               argv: list[str], message: str) -> None:
+    """Python's float() reads '1_0' as 10 and '\uff11' as 1; an option does not."""
+    names = {"log": files["log"], "thr": files["thr"], "out": files["tmp"] / "o.npz"}
+    err = bad(capsys, *[a.format(**names) for a in argv])
+    assert message in err and len(err) < 400, err
     assert not (files["tmp"] / "o.npz").exists()
 
 
