@@ -475,8 +475,8 @@ def _kind(path: Path) -> int:
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")
-def test_outputs_that_are_not_regular_files_are_refused(files: dict[str, Path],
-                                                        capsys: Any) -> None:
+def test_outputs_that_are_not_regular_files_are_refused(
+        files: dict[str, Path], capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     targets = _targets(files["tmp"])
     kinds = {name: _kind(path) for name, path in targets.items()}
     log, thr = str(files["log"]), str(files["thr"])
@@ -492,6 +492,15 @@ def test_outputs_that_are_not_regular_files_are_refused(files: dict[str, Path],
             assert _kind(target) == kinds[name]
         assert not (files["tmp"] / "t.npz").exists()  # refused before the work
     assert not (files["tmp"] / "elsewhere.npz").exists()
+    assert not [p for p in files["tmp"].iterdir() if p.name.endswith(".tmp")]
+    # a target made non-regular after the check: save_calibration refuses it, in one line
+    from advcal import _calibrate
+
+    monkeypatch.setattr(_calibrate, "_check_out", lambda path, option: None)
+    for name, target in targets.items():
+        err = bad(capsys, "calibrate", "sets", log, "-o", str(target))
+        assert str(target) in err and f"a {name}" in err and "refusing" in err, err
+        assert _kind(target) == kinds[name]
     assert not [p for p in files["tmp"].iterdir() if p.name.endswith(".tmp")]
 
 
