@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -402,7 +403,9 @@ class RangeCalibration:
     radius : mapping
         Conformal radius q̂ per category (key ``None`` without categories).  ``inf``
         where a category has too few scores for level ``alpha``: its ranges are the
-        whole ``bounds``.
+        whole ``bounds``.  Labels are the same category only with the same type and
+        value (``1``, ``True`` and ``1.0`` are three); where a ``dict`` would merge
+        some, this is a :class:`LabelMapping`.
     scores : ndarray of float64, shape (m,)
         The calibration nonconformity scores, in the caller's order (read-only).
     categories : ndarray of object, shape (m,) or None
@@ -809,7 +812,9 @@ def calibrate_ranges(
         Lower/upper judge quantiles with ``lower <= upper``; required by ``"cqr"``.
     categories : sequence of hashable, optional
         Per-response category labels: one radius per category (Mondrian calibration,
-        coverage holds within each category).
+        coverage holds within each category).  Two labels are one category only when
+        they have the same type and value: ``1``, ``True``, ``1.0`` and ``"1"`` are four
+        (a numpy scalar counts as its Python type).
     bounds : (float, float), default (0.0, 1.0)
         Reward bounds ``low < high``; ranges are clipped to them.
 
@@ -846,13 +851,17 @@ def calibrate_ranges(
     if (y < low).any() or (y > high).any():
         raise ValueError(f"`reference` must lie within `bounds` [{low!r}, {high!r}].")
     scores = _nonconformity(method, inputs).reshape(-1)
+    radius: Mapping[Any, float]
     if categories is None:
-        radius = LabelMapping([(None, conformal_quantile(scores, alpha))])
+        radius = MappingProxyType({None: conformal_quantile(scores, alpha)})
         labels_per_score = None
     else:
         labels, codes = _category_codes(categories, inputs.shape)
         q = _quantiles_per_code(scores, codes, len(labels), alpha)
-        radius = LabelMapping(zip(labels, q.tolist(), strict=True))
+        pairs = list(zip(labels, q.tolist(), strict=True))
+        plain = dict(pairs)
+        # A dict would merge 1, True and 1.0: only then is a LabelMapping needed.
+        radius = MappingProxyType(plain) if len(plain) == len(pairs) else LabelMapping(pairs)
         per_score = np.empty(codes.size, dtype=object)
         per_score[:] = [labels[c] for c in codes.tolist()]
         labels_per_score = _frozen(per_score)

@@ -496,3 +496,51 @@ def test_rank_garbage_input(m, alpha):
     out = own_error_or_result(conformal_rank, m, alpha)
     if out is not None:
         assert isinstance(out, int) and 1 <= out <= m + 1
+
+
+# --------------------------------------------------------------------------- category labels
+
+
+def test_category_labels_are_equal_only_with_the_same_type():
+    # 1, True and 1.0 are one dict key in Python; they are three categories here, as in
+    # groups_from_ids, the log readers and the calibration file.
+    judge = np.full(9, 0.5)
+    reference = np.array([0.5, 0.6, 0.7, 0.5, 0.5, 0.55, 0.1, 0.2, 0.9])
+    cal = calibrate_ranges(judge, reference, alpha=0.5, categories=[1, 1, 1, True, True, True,
+                                                                     1.0, 1.0, 1.0])
+    # k = ceil(4 * 0.5) = 2 per category: 1: 0, .1, .2 -> .1; True: 0, 0, .05 -> 0;
+    # 1.0: .4, .3, .4 -> .4.
+    assert [type(k) for k in cal.radius] == [int, bool, float]
+    assert cal.radius[1] == abs(0.6 - 0.5)
+    assert cal.radius[True] == 0.0
+    assert cal.radius[1.0] == abs(0.9 - 0.5)
+    assert cal.radius[np.int64(1)] == cal.radius[1]  # numpy scalars: the Python type
+    lo, hi = cal.ranges(np.full(3, 0.5), categories=[True, 1.0, np.int64(1)])
+    np.testing.assert_array_equal(hi - lo > 0, [False, True, True])
+    assert hi[1] > hi[2]
+    assert list(cal.categories[:4]) == [1, 1, 1, True]
+    assert type(cal.categories[3]) is bool
+    with pytest.raises(ValueError, match="`categories` holds '1', which was not seen"):
+        cal.ranges([0.5], categories=["1"])
+    only_int = calibrate_ranges(judge, reference, alpha=0.5, categories=[1] * 9)
+    with pytest.raises(ValueError, match="`categories` holds True, which was not seen"):
+        only_int.ranges([0.5], categories=[True])
+    # Per-category smoothing follows the same rule: (k - a) / (t + 1) is (2 - 0) / 3 for
+    # True (two scores tie at 0) and (2 - 1) / 2 for 1.
+    np.testing.assert_allclose(cal._tie_probability([True, 1], (2,)), [2 / 3, 1 / 2],
+                               rtol=1e-15)
+
+
+def test_none_is_a_category_label(tmp_path):
+    from advcal import load_calibration, save_calibration
+
+    judge = np.full(6, 0.5)
+    reference = np.array([0.5, 0.6, 0.7, 0.5, 0.9, 0.1])
+    cal = calibrate_ranges(judge, reference, alpha=0.5,
+                           categories=[None, None, None, "a", "a", "a"])
+    assert cal.radius[None] == abs(0.6 - 0.5) and cal.radius["a"] == 0.4
+    lo, hi = cal.ranges([0.5, 0.5], categories=["a", None])
+    assert hi[0] - lo[0] > hi[1] - lo[1]
+    save_calibration(tmp_path / "none.npz", cal)
+    back = load_calibration(tmp_path / "none.npz")
+    assert list(back.radius) == [None, "a"] and list(back.categories) == list(cal.categories)

@@ -82,3 +82,29 @@ def test_groups_from_ids_is_a_stable_grouping(ids):
     # first appearance order of labels
     seen = list(dict.fromkeys(ids))
     assert list(index.labels) == seen
+
+
+def test_groups_from_ids_labels_equal_only_with_the_same_type():
+    # Python equality merges 1, True and 1.0 (and numpy would turn the list into three
+    # equal floats); advcal's rule, as the log readers', keeps them three groups.
+    index = groups_from_ids([1, True, 1.0, 1, True, "1"])
+    np.testing.assert_array_equal(index.offsets, [0, 2, 4, 5, 6])
+    np.testing.assert_array_equal(index.order, [0, 3, 1, 4, 2, 5])
+    assert [type(v) for v in index.labels] == [int, bool, float, str]
+    # A numpy scalar is the Python type it stands for, as the labels of an array are.
+    index = groups_from_ids([np.int64(7), 7, np.float64(0.5), 0.5, np.bool_(True), True])
+    np.testing.assert_array_equal(index.offsets, [0, 2, 4, 6])
+    # Tuples compare element by element; uniform lists keep numpy's fast path.
+    assert groups_from_ids([(1, "a"), (True, "a"), (1, "a")]).offsets.tolist() == [0, 2, 3]
+    assert groups_from_ids([1.0, 2.0, 1.0]).labels.dtype == np.float64
+
+
+def test_grouped_estimators_follow_the_label_rule():
+    from advcal import grpo
+
+    rewards = np.array([1.0, 0.0, 3.0, 1.0])
+    # True and 1 are two groups of two: (r - mean) / std (ddof=1) is -+1/sqrt(2) in each.
+    # One merged group [1, 0, 3, 1] would give (r - 1.25) / 1.258...
+    out = grpo(rewards, group_ids=[1, True, 1, True], eps=0.0)
+    np.testing.assert_allclose(out, np.array([-1.0, -1.0, 1.0, 1.0]) / np.sqrt(2.0),
+                               rtol=1e-15)
