@@ -241,8 +241,6 @@ def validate_range_calibration(cal: Any) -> None:
     if categories.shape != scores.shape:
         raise ValueError(f"`categories` must have the shape of `scores` {scores.shape}; "
                          f"got {categories.shape}.")
-    if None in radius:
-        raise ValueError("`radius` must not have the key None with `categories`.")
     # Labels are equal only with the same type and value (1, True and 1.0 are three).
     seen: dict[Any, Any] = {}
     for label in categories.tolist():
@@ -456,11 +454,12 @@ def _safe_dtype(text: Any, name: str) -> np.dtype:
 
 
 def _label_json(label: Any) -> Any:
-    # JSON tells 1, 1.0, "1" and true apart, so each label comes back with its type.
-    if type(label) in (str, int, bool) or (type(label) is float and math.isfinite(label)):
+    # JSON tells 1, 1.0, "1", true and null apart, so each label comes back with its type.
+    if label is None or type(label) in (str, int, bool) \
+            or (type(label) is float and math.isfinite(label)):
         return label
     raise ValueError(f"`categories`: label {label!r} of type {type(label).__name__} cannot be "
-                     "saved (supported: str, int, bool, finite float).")
+                     "saved (supported: None, str, int, bool, finite float).")
 
 
 def _encode(obj: Any, kind: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -567,9 +566,8 @@ def _decode(kind: str, fields: Mapping[str, Any], arrays: Mapping[str, np.ndarra
             raise ValueError("`mondrian` is false but the file has category labels.")
         keys: list[Any] = list(labels) if mondrian else [None]
         for label in keys:
-            if label is not None:
-                if isinstance(label, (list, dict)) or label is None:
-                    raise ValueError(f"`labels` holds {label!r}, which is not a label.")
+            if isinstance(label, (list, dict)):
+                raise ValueError(f"`labels` holds {_short(label)}, which is not a label.")
         if len({json.dumps(k) for k in keys}) != len(keys):
             raise ValueError("`labels` has duplicate labels in the file.")
         if radius_values.size != len(keys):

@@ -177,6 +177,7 @@ def test_set_calibration_round_trip_property(tmp_path: Path, scores: list[float]
     [1, 2, 1, 2, 3] * 8,
     [1, "1", 1, "1", 2] * 8,  # 1 and "1" are different categories
     [0.5, "x", 0.5, "x", 7] * 8,
+    [None, "a", None, "a", 0] * 8,  # None is a label like any other
     np.array([3, 1, 3, 1, 2] * 8),
     np.array(["u", "v", "u", "v", "w"] * 8),
 ])
