@@ -104,7 +104,10 @@ def calibration_drift(
         judge scores (any shape).
     scores_b : array_like
         Sets: an independent second scoring of the same responses.  Ranges: reference
-        rewards, the shape of the judge scores.
+        rewards, the shape of the judge scores, within the calibration's ``bounds`` (as
+        :func:`advcal.calibrate_ranges` takes them).  Where the set estimator has reward
+        bounds and no ``clip`` in its ``options`` (maxnorm), both scorings must lie
+        within them.
     offsets, group_ids : array_like, optional
         Group layout of 1-D scores (sets only).
     noise_var : array_like, optional
@@ -187,15 +190,25 @@ def _beta_binomial_p(cal: Any, covered: int, n: int) -> float:
 def _set_coverage(cal: Any, scores_a: Any, scores_b: Any, offsets: Any, group_ids: Any,
                   noise_var: Any) -> np.ndarray:
     from advcal._blocks import centered
+    from advcal._validation import as_float_array
     from advcal.sets import coefficient_sets, transform_checked
 
     if scores_a is None:
         raise TypeError("`scores_a` must be the first scoring of the fresh groups; got None.")
+    # An estimator with reward bounds (maxnorm) and no clipping refuses rewards outside
+    # them: say which scoring holds them, before the estimator names its own `rewards`.
+    bounds = cal.options.get("bounds")
+    checked = bounds is not None and not cal.options.get("clip", False)
+    if checked:
+        scores_a = as_float_array(scores_a, "scores_a")
+        _check_within(scores_a, bounds, "scores_a", "the calibration's `options['bounds']`")
     sets = coefficient_sets(scores_a, offsets, group_ids=group_ids, calibration=cal,
                             noise_var=noise_var)
     values_b = sets.batch.gather(scores_b, "scores_b")
     if not np.isfinite(values_b).all():
         raise ValueError("`scores_b` must be finite.")
+    if checked:
+        _check_within(values_b, bounds, "scores_b", "the calibration's `options['bounds']`")
     other = transform_checked(values_b, sets.offsets, cal.estimator, cal.eps, cal.ddof,
                               cal.options)
     d = sets.geometry.quad_pinv(centered(other - sets.geometry.centers, sets.offsets))
@@ -216,4 +229,18 @@ def _range_coverage(cal: Any, judge: Any, reference: Any, sigma: Any, lower: Any
                          f"{ref.shape}.")
     if not np.isfinite(ref).all():
         raise ValueError("`scores_b` must be finite.")
+    # calibrate_ranges takes references only within the bounds, and the ranges are clipped
+    # to them: a reference outside could never be covered, so it is an error, not a miss.
+    _check_within(ref, cal.bounds, "scores_b", "the calibration's `bounds`")
     return np.asarray((lo <= ref) & (ref <= hi))
+
+
+def _check_within(values: np.ndarray, bounds: Any, name: str, what: str) -> None:
+    """Raise a ValueError naming ``name`` where a (non-NaN) value lies outside ``bounds``."""
+    low, high = (float(b) for b in bounds)
+    outside = (values < low) | (values > high)
+    if outside.any():
+        bad = values[outside]
+        raise ValueError(f"`{name}` must lie within {what} [{low!r}, {high!r}]; got "
+                         f"{bad.size} value(s) outside, in [{float(bad.min())!r}, "
+                         f"{float(bad.max())!r}].")

@@ -89,13 +89,16 @@ def from_numpy(array: Any, like: Any) -> Any:
 
     Floating results take the floating dtype of ``like`` (so bfloat16 input gives bfloat16
     output); when ``like`` is not floating they keep their own dtype.  Boolean and integer
-    results (masks, counts) keep theirs.  Tuples (named or plain) and frozen dataclasses
-    of arrays are converted field by field; scalars and other values pass through.
+    results (masks, counts) keep theirs.  Arrays in non-native byte order (read from a
+    big-endian file, say) are converted to native order, in a copy.  Tuples (named or
+    plain) and frozen dataclasses of arrays are converted field by field; scalars and
+    other values pass through.
 
     Parameters
     ----------
     array : ndarray, tuple, dataclass or scalar
-        A result of one of advcal's numpy functions.
+        A result of one of advcal's numpy functions.  Arrays must hold booleans or numbers
+        of a dtype torch has (not longdouble).
     like : torch.Tensor
         The tensor whose device and floating dtype the result takes.
 
@@ -113,7 +116,17 @@ def from_numpy(array: Any, like: Any) -> Any:
     """
     torch = _torch()
     if isinstance(array, np.ndarray):
-        out = torch.from_numpy(np.ascontiguousarray(array))
+        if array.dtype.kind not in "biufc":
+            raise TypeError("`array` must hold booleans or numbers to become a tensor; got "
+                            f"dtype {array.dtype}.")
+        # torch takes native byte order only; order="C" (unlike ascontiguousarray) keeps
+        # 0-d arrays 0-d.  A conversion copies: the caller's array is never changed.
+        host = np.asarray(array, dtype=array.dtype.newbyteorder("="), order="C")
+        try:
+            out = torch.from_numpy(host)
+        except TypeError as exc:  # a dtype torch lacks (longdouble, clongdouble)
+            raise TypeError(f"`array` has dtype {array.dtype}, which torch cannot hold "
+                            f"({exc}).") from None
         if out.is_floating_point() and like.is_floating_point():
             return out.to(device=like.device, dtype=like.dtype)
         return out.to(device=like.device)

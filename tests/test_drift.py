@@ -163,3 +163,46 @@ def test_range_bad_input() -> None:
         calibration_drift(cal, judge, ref, np.array([0, 50]))
     with pytest.raises(ValueError, match="`scores_b` .* must have shape"):
         calibration_drift(cal, judge, ref[:10])
+
+
+def test_references_outside_the_bounds_are_refused() -> None:
+    # calibrate_ranges takes references only within its bounds and clips the ranges to
+    # them: a reference outside could never be covered, so it is refused, not a miss.
+    judge, ref = judge_log(200, 0.05, seed=20)
+    cal = calibrate_ranges(judge, ref, alpha=0.2)
+    fj = np.array([0.0, 0.5, 1.0, 0.5])
+    on_bounds = calibration_drift(cal, fj, np.array([0.0, 0.5, 1.0, 0.5]))
+    assert on_bounds.n == 4 and on_bounds.covered == 4
+    for bad in (1.5, -1e-12, 1.0 + 2**-52):
+        with pytest.raises(ValueError, match=r"`scores_b` must lie within the calibration's "
+                                             r"`bounds` \[0\.0, 1\.0\]; got 1 value"):
+            calibration_drift(cal, fj, np.array([0.0, 0.5, bad, 0.5]))
+    wide = calibrate_ranges(2 * judge, 2 * ref - 0.5, alpha=0.2, bounds=(-1.0, 2.0))
+    assert calibration_drift(wide, fj, np.array([-1.0, 1.5, 2.0, 0.5])).n == 4
+    with pytest.raises(ValueError, match=r"`scores_b` must lie .*\[-1\.0, 2\.0\]"):
+        calibration_drift(wide, fj, np.array([-1.0, 1.5, 2.5, 0.5]))
+    cqr = calibrate_ranges(None, ref, alpha=0.2, method="cqr", lower=judge - 0.05,
+                           upper=judge + 0.05)
+    with pytest.raises(ValueError, match="`scores_b` must lie within"):
+        calibration_drift(cqr, None, np.array([0.5, 1.25]), lower=np.array([0.4, 0.9]),
+                          upper=np.array([0.6, 1.0]))
+
+
+def test_scorings_outside_a_set_estimators_bounds_are_named() -> None:
+    # maxnorm with reward bounds and no clipping refuses rewards outside them; the error
+    # names the drift check's argument, not the estimator's `rewards`.
+    pair = paired_scorings(300, 4, scale=0.02, seed=0)
+    options = {"bounds": (0.0, 1.0), "tau_res": 0.05}
+    cal = calibrate_sets(pair.a, pair.b, alpha=0.2, estimator="maxnorm", options=options)
+    fresh = paired_scorings(20, 4, scale=0.02, seed=1)
+    assert calibration_drift(cal, fresh.a, fresh.b).n == 20
+    high = fresh.b.copy()
+    high[3, 1] = 1.5
+    with pytest.raises(ValueError, match=r"`scores_b` must lie within the calibration's "
+                                         r"`options\['bounds'\]` \[0\.0, 1\.0\]"):
+        calibration_drift(cal, fresh.a, high)
+    with pytest.raises(ValueError, match=r"`scores_a` must lie within .*; got 1 value"):
+        calibration_drift(cal, high, fresh.b)
+    clipped = calibrate_sets(pair.a, pair.b, alpha=0.2, estimator="maxnorm",
+                             options={**options, "clip": True})
+    assert calibration_drift(clipped, high, high).n == 20  # clipping takes them in

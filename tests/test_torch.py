@@ -118,6 +118,38 @@ def test_containers_are_converted_field_by_field() -> None:
     assert isinstance(plain, tuple) and plain[1] == 2.5
 
 
+@pytest.mark.parametrize("dtype", [">f8", ">f4", ">f2", ">i4", ">u2", ">c16"])
+def test_non_native_byte_order_is_converted_in_a_copy(dtype: str) -> None:
+    # e.g. an array read from a big-endian file: torch takes native byte order only
+    values = np.arange(-2, 4).astype(dtype)[::-2]  # and not contiguous
+    before = values.tobytes()
+    out = act.from_numpy(values, torch.zeros(1, dtype=torch.float64))
+    native = values.astype(values.dtype.newbyteorder("="))
+    expected = torch.from_numpy(native)
+    if expected.is_floating_point():
+        expected = expected.double()
+    assert torch.equal(out, expected)
+    assert values.tobytes() == before and not values.dtype.isnative  # the caller's array
+    wide = act.from_numpy(np.array([1.5, -2.0], dtype=">f8"), torch.zeros(1))
+    assert wide.dtype == torch.float32 and wide.tolist() == [1.5, -2.0]
+
+
+def test_zero_dimensional_arrays_stay_zero_dimensional() -> None:
+    out = act.from_numpy(np.array(2.5, dtype=">f8"), torch.zeros(1, dtype=torch.float64))
+    assert out.shape == () and out.item() == 2.5
+    assert act.from_numpy(np.array(True), torch.zeros(1)).shape == ()
+
+
+def test_arrays_torch_cannot_hold_are_a_type_error_naming_array() -> None:
+    like = torch.zeros(1)
+    for bad in (np.array(["a"]), np.array([1], dtype=object), np.zeros(2, dtype="M8[s]")):
+        with pytest.raises(TypeError, match=r"^`array` must hold booleans or numbers"):
+            act.from_numpy(bad, like)
+    if np.dtype(np.longdouble).itemsize > 8:  # an extended type torch has no dtype for
+        with pytest.raises(TypeError, match=r"^`array` has dtype float128"):
+            act.from_numpy(np.zeros(2, dtype=np.longdouble), like)
+
+
 def test_non_tensor_rewards_are_a_type_error() -> None:
     with pytest.raises(TypeError, match=r"^`rewards` must be a torch.Tensor; got ndarray\.$"):
         act.advantages(np.zeros((2, 3)))
