@@ -43,10 +43,10 @@ def _valid_matrix(call: _Call, idx: np.ndarray, n: int) -> np.ndarray:
 
 
 def _group_std(call: _Call, ddof: int) -> np.ndarray:
-    """σ_q per group over its valid rewards (0 with at most ``ddof`` of them)."""
-    count, _, ss, _, _ = call.engine.group_statistics(call.batch.values, call.batch.offsets, 0,
-                                                      call.omit, spread=False)
-    return np.sqrt(np.where(count > ddof, ss, 0.0) / np.maximum(count - ddof, 1))
+    """σ_q per group over its valid rewards (0 with at most ``ddof`` of them, or equal
+    ones), taken in units that keep the squares of tiny or huge rewards in range."""
+    return call.engine.group_statistics(call.batch.values, call.batch.offsets, ddof,
+                                        call.omit)[3]
 
 
 def _divide(call: _Call, scale: np.ndarray) -> np.ndarray:
@@ -54,10 +54,11 @@ def _divide(call: _Call, scale: np.ndarray) -> np.ndarray:
     constant groups and the singleton policy), s_q per group; a group with s_q = 0 (a
     robust scale of 0 with eps = 0) is skipped: advantages 0."""
     values = call.batch.values
-    u, ok = call.engine.center_scale(values, call.batch.offsets, DR, 0.0, 1, call.raw,
-                                     call.omit, 1.0, _limit(call))
-    if not ok:
-        raise_bad_values(values, call.omit)
+    # Dr.GRPO's centring with its rescaled retry (deviations near 1e154 square to inf, and
+    # those of subnormal rewards to 0), in the caller's layout: back to the grouped one.
+    u = _center_scale(call, DR).reshape(-1)
+    if call.batch.order is not None:
+        u = u[call.batch.order]
     s = expand(scale, call.batch.offsets)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         out = np.divide(u.astype(np.float64), s, out=np.zeros(u.shape), where=s > 0)
@@ -139,7 +140,7 @@ class KLCompensated(NamedTuple):
         GRPO's advantages (caller's layout).
     kl_weight : ndarray of float64, shape (B,)
         Per-group multiplier of the KL coefficient, 1/(σ_q + eps): use β_q = β·kl_weight
-        (inf where σ_q + eps = 0).
+        (inf where σ_q + eps = 0, or where its reciprocal exceeds float64).
     """
 
     advantages: np.ndarray
@@ -199,7 +200,7 @@ def grpo_kl_comp(
     eps, ddof = _check_eps_ddof(eps, ddof)
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
     scale = _lone_scale(call, _group_std(call, ddof) + eps, eps)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):  # inf: beyond float64
         weight = 1.0 / scale
     return KLCompensated(advantages, weight)
 

@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from advcal._kernels import engine
-from advcal._kernels.modes import DR, FIXED, GRPO, RLOO
+from advcal._kernels.modes import DR, FIXED, GRPO, HUGE, RLOO, TINY
 from advcal._validation import (
     Batch,
     as_float_array,
@@ -36,6 +36,7 @@ from advcal._validation import (
     check_int,
     check_real,
     raise_bad_values,
+    valid_counts,
 )
 
 __all__ = [
@@ -101,7 +102,7 @@ def _pow2(x: float, k: int) -> float:
 
 
 def _finish(call: _Call, result: tuple[np.ndarray, bool], rerun: Rerun | None = None,
-            *, homogeneous: bool = True, lone_eps: float = 0.0) -> np.ndarray:
+            *, homogeneous: bool = True, lone_eps: float | None = None) -> np.ndarray:
     out, ok = result
     # Not ok: a group had a non-finite reward, its statistics overflowed float64, or an
     # advantage overflowed the output dtype.  Rewards near the float64 limit are retried
@@ -113,7 +114,7 @@ def _finish(call: _Call, result: tuple[np.ndarray, bool], rerun: Rerun | None = 
     return call.batch.restore(out)
 
 
-def _rescaled(call: _Call, rerun: Rerun, homogeneous: bool, lone_eps: float
+def _rescaled(call: _Call, rerun: Rerun, homogeneous: bool, lone_eps: float | None
               ) -> tuple[np.ndarray, bool]:
     """Run the engine again group by group, each on its rewards times the power of two
     that brings its largest near 1 (exact, up to subnormals far below the group's scale),
@@ -123,9 +124,10 @@ def _rescaled(call: _Call, rerun: Rerun, homogeneous: bool, lone_eps: float
 
     ``rerun(values, k, offsets, part)`` runs the engine on one group's rewards times 2**-k
     (an eps or floor it adds to a std scaled alike, by :func:`_pow2`; per-response weights
-    sliced by ``part``).  Homogeneous estimators (advantages linear in the rewards) are
-    scaled back; the std-normalized ones are scale-free except a raw lone response, which
-    gets ``r / (1 + lone_eps)`` again."""
+    sliced by ``part``; a fixed divisor scaled alike).  Homogeneous estimators (advantages
+    linear in the rewards) are scaled back; the others are scale-free, except a raw lone
+    response of the std-normalized ones, which gets ``r / (1 + lone_eps)`` again (with
+    ``lone_eps`` given)."""
     values = call.batch.values
     offsets = call.batch.offsets
     limit = _limit(call)
@@ -154,7 +156,7 @@ def _rescaled(call: _Call, rerun: Rerun, homogeneous: bool, lone_eps: float
             wide = out.astype(np.float64)
             if homogeneous:
                 wide = np.ldexp(wide, k)
-            elif call.raw and valid.size == 1:
+            elif lone_eps is not None and call.raw and valid.size == 1:
                 wide = np.where(np.isnan(group), 0.0, group / (1.0 + lone_eps))
         if not (np.abs(wide) <= limit).all():
             return values, False
@@ -163,17 +165,34 @@ def _rescaled(call: _Call, rerun: Rerun, homogeneous: bool, lone_eps: float
 
 
 def _center_scale(call: _Call, mode: int, *, eps: float = 0.0, ddof: int = 1,
-                  divisor: float = 1.0, std_floor: float = 0.0) -> np.ndarray:
+                  divisor: float = 1.0, std_floor: float = 0.0, unit: int = 0) -> np.ndarray:
+    """The engine's center_scale with the rescaled retry.  FIXED's ``divisor`` is in units
+    of ``2**unit``, and the engine sees the rewards in those units too (a batch std beyond
+    the float64 range still divides); a divisor whose reciprocal overflows (subnormal)
+    is brought into range the same way."""
+    if mode == FIXED and unit == 0 and 0.0 < divisor < _SMALLEST_DIVISOR:
+        unit = math.frexp(divisor)[1] - math.frexp(_SMALLEST_DIVISOR)[1]
+        divisor = math.ldexp(divisor, -unit)
+
     def run(values: np.ndarray, k: int, offsets: np.ndarray, _: slice
             ) -> tuple[np.ndarray, bool]:
-        k = k if mode == GRPO else 0  # GRPO's eps and floor are in reward units
+        if unit:
+            with np.errstate(over="ignore", under="ignore"):
+                values = np.ldexp(values, -unit).astype(values.dtype, copy=False)
+        # GRPO's eps and floor, and a fixed divisor, are in reward units: scaled alike.
+        k = k if mode in (GRPO, FIXED) else 0
         return call.engine.center_scale(
-            values, offsets, mode, _pow2(eps, k), ddof, call.raw, call.omit, divisor,
-            _limit(call), std_floor=_pow2(std_floor, k))
+            values, offsets, mode, _pow2(eps, k), ddof, call.raw, call.omit,
+            _pow2(divisor, k), _limit(call), std_floor=_pow2(std_floor, k))
 
     first = run(call.batch.values, 0, call.batch.offsets, slice(None))
-    return _finish(call, first, run, homogeneous=mode != GRPO,
-                   lone_eps=eps)
+    return _finish(call, first, run, homogeneous=mode in (DR, RLOO),
+                   lone_eps=eps if mode == GRPO else None)
+
+
+# Below this a divisor is rescaled: the numba engine multiplies by its reciprocal, which
+# must not overflow (2**-1000 leaves the rewards room to be scaled up by that much).
+_SMALLEST_DIVISOR = 2.0 ** -1000
 
 
 def _check_eps_ddof(eps: Any, ddof: Any) -> tuple[float, int]:
@@ -290,8 +309,10 @@ def rloo(
         As in :func:`grpo`; a ``"raw"`` singleton keeps its reward (verl).
     scale : {"none", "batch"}, default "none"
         ``"batch"`` whitens the advantages over the batch: ``(a - mean) / (std + eps)``
-        with the mean and std of all valid advantages (TRL's
-        ``RLOOTrainer(normalize_advantages=True)``, with ``eps=1e-4``).
+        with the mean and std of the valid advantages (TRL's
+        ``RLOOTrainer(normalize_advantages=True)``, with ``eps=1e-4`` and, where a
+        reward may be None, ``nan_policy="omit"``).  A lone valid response of its group
+        is left out and gets 0, as in TRL, unless ``singleton="raw"`` keeps its reward.
     eps, ddof
         Offset and delta degrees of freedom of the batch std (``scale="batch"`` only).
 
@@ -312,11 +333,30 @@ def rloo(
     check_choice(scale, "scale", ("none", "batch"))
     eps, ddof = _check_eps_ddof(eps, ddof)
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
-    out = _center_scale(call, RLOO)
     if scale == "none":
-        return out
-    values = call.batch.restore(call.batch.values)
-    return _whiten_batch(out, ~np.isnan(values) if call.omit else None, eps, ddof)
+        return _center_scale(call, RLOO)
+    # The advantages stay float64 until whitened (statistics in float64, one rounding).
+    wide = _Call(Batch(call.batch.values.astype(np.float64, copy=False), call.batch.offsets,
+                       call.batch.shape, call.batch.order), call.raw, call.omit, call.engine)
+    out = _whiten_batch(_center_scale(wide, RLOO), _whitened_responses(call), eps, ddof)
+    return out.astype(call.batch.values.dtype, copy=False)
+
+
+def _whitened_responses(call: _Call) -> np.ndarray | None:
+    """Which responses ``rloo(scale="batch")`` whitens (None: all): the valid ones, less a
+    group's lone valid response unless ``singleton="raw"`` keeps its reward.  TRL's
+    leave-one-out advantage of a lone scorable completion is 0/0 = NaN, which its
+    nan-aware whitening leaves out and then sets to 0."""
+    counts = valid_counts(call.batch, call.omit)
+    lone = (counts == 1).any() and not call.raw
+    if not (call.omit or lone):
+        return None
+    valid = np.ones(call.batch.values.size, dtype=bool)
+    if call.omit:
+        valid &= ~np.isnan(call.batch.values)
+    if lone:
+        valid &= np.repeat(counts != 1, call.batch.sizes)
+    return call.batch.restore(valid)
 
 
 def _spread(a: np.ndarray, ddof: int) -> tuple[float, float]:
@@ -346,9 +386,39 @@ def _whiten_batch(adv: np.ndarray, valid: np.ndarray | None, eps: float, ddof: i
 
 
 def _batch_std(call: _Call, ddof: int) -> float:
-    """Standard deviation of every valid reward of the batch around the batch mean."""
-    count, mean, ss, _, _ = call.engine.group_statistics(call.batch.values, call.batch.offsets,
-                                                         0, call.omit, spread=False)
+    """Standard deviation of every valid reward of the batch around the batch mean (inf
+    beyond the float64 range)."""
+    std, k = _batch_std_parts(call, ddof)
+    return _pow2(std, -k)
+
+
+def _batch_std_parts(call: _Call, ddof: int) -> tuple[float, int]:
+    """:func:`_batch_std` as ``(std / 2**k, k)``: ``k = 0`` unless the rewards' magnitudes
+    lie outside ``[TINY, HUGE]``, where their squares can under- or overflow; then the
+    statistics are taken again on the rewards in units of ``2**k`` near the largest."""
+    values = call.batch.values
+    std = _pooled_std(call, values, ddof)
+    if _SAFE_STD[0] <= std <= _SAFE_STD[1]:
+        return std, 0
+    # Outside: a constant batch (0), an overflow (inf), or squares that lost digits.
+    with np.errstate(invalid="ignore"):
+        big = float(np.max(np.abs(values), initial=0.0,
+                           where=~np.isnan(values) if call.omit else True))
+    if TINY <= big <= HUGE or not 0.0 < big < math.inf:
+        return std, 0  # no square can have under- or overflowed: the value is right
+    k = math.frexp(big)[1]
+    with np.errstate(under="ignore"):
+        return _pooled_std(call, np.ldexp(values, -k).astype(values.dtype, copy=False),
+                           ddof), k
+
+
+# A batch std in this range came from squares that neither overflowed nor lost digits.
+_SAFE_STD = (2.0 ** -400, 2.0 ** 400)
+
+
+def _pooled_std(call: _Call, values: np.ndarray, ddof: int) -> float:
+    count, mean, ss, _, _ = call.engine.group_statistics(values, call.batch.offsets, 0,
+                                                         call.omit, spread=False)
     total = int(count.sum())
     if total <= ddof:
         return 0.0
@@ -400,10 +470,14 @@ def batch_std(
     """
     eps, ddof = _check_eps_ddof(eps, ddof)
     call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
-    divisor = _batch_std(call, ddof) + eps
+    std, k = _batch_std_parts(call, ddof)
+    # With rewards of extreme magnitude, divide in units of 2**k (the std may not fit in
+    # float64, or be subnormal), unless eps does not fit in them (it then dominates).
+    unit = k if math.isfinite(_pow2(eps, k)) else 0
+    divisor = std + _pow2(eps, unit) if unit else _pow2(std, -k) + eps
     if not np.isfinite(divisor):
         raise_bad_values(call.batch.values, call.omit)
-    return _center_scale(call, FIXED, divisor=divisor)
+    return _center_scale(call, FIXED, divisor=divisor, unit=unit)
 
 
 def reinforce_pp_baseline(
@@ -473,12 +547,19 @@ def reinforce_pp_baseline(
     u = centered.astype(np.float64)
     if call.omit:
         weights = np.where(np.isnan(values), 0.0, weights)
-    mean, scale = _whitening(u, weights, eps, ddof, var_floor)
+    # In units of 2**k (k = 0 unless the squares of u leave the float64 range), so the
+    # root may exceed float64 where the whitened values do not.
+    mean, scale, k = _whitening_parts(u, weights, eps, ddof, var_floor)
     if not std_norm:
-        scale = 1.0 if weights.sum() > 0 else 0.0
+        scale = _pow2(1.0, k) if weights.sum() > 0 else 0.0
     out = np.zeros(values.shape)
     if scale > 0:
-        out = np.where(weights > 0, (u - mean) / scale, 0.0)
+        z = u if k == 0 else np.ldexp(u, -k)
+        with np.errstate(over="ignore"):
+            out = np.where(weights > 0, (z - mean) / scale, 0.0)
+        if not (np.abs(out) <= _limit(call)).all():
+            raise ValueError("`rewards`: an advantage overflows the output dtype (the "
+                             "rewards' spread is too large for `std_norm=False`).")
     return out.astype(centered.dtype, copy=False)
 
 
@@ -487,24 +568,52 @@ def _whitening(u: np.ndarray, weights: np.ndarray, eps: float, ddof: int = 1,
     """``(m, sqrt(max(v, var_floor) + eps))`` of :func:`reinforce_pp_baseline`: the
     weighted mean of ``u`` and the root of its weighted variance (Bessel-corrected with
     ``ddof=1``); ``(0, 0)`` when there is nothing to whiten (no weight, or zero spread
-    with ``eps=0`` and no floor)."""
+    with ``eps=0`` and no floor); a root beyond the float64 range is inf."""
+    mean, root, k = _whitening_parts(u, weights, eps, ddof, var_floor)
+    return _pow2(mean, -k), _pow2(root, -k)  # 2**k times each
+
+
+# A variance in this range has squares that neither overflowed nor lost digits to
+# underflow (deviations between 2**-400 and 2**400, as ``modes.TINY, HUGE``).
+_SAFE_SQUARES = (2.0 ** -800, 2.0 ** 800)
+
+
+def _whitening_parts(u: np.ndarray, weights: np.ndarray, eps: float, ddof: int,
+                     var_floor: float) -> tuple[float, float, int]:
+    """:func:`_whitening` as ``(m / 2**k, root / 2**k, k)``: ``k = 0`` unless the squares
+    of ``u`` over- or underflow float64, where ``2**k`` is near max |u| (exact)."""
     top = float(weights.max()) if weights.size else 0.0
     if not top > 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0
     # Weights relative to the largest (token counts near the float64 limit would overflow
     # the sums); Bessel's W / (W - 1) from the absolute total W, which may be inf.
     rel = weights / top
     total = rel.sum()
-    mean = np.sum(rel * u) / total
-    var = np.sum(rel * (u - mean) ** 2) / total
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         absolute = total * top
-    if ddof and absolute > 1:
-        var /= 1.0 - 1.0 / absolute
+        bessel = 1.0 - 1.0 / absolute if ddof and absolute > 1 else 1.0
+        mean = np.sum(rel * u) / total
+        var = np.sum(rel * (u - mean) ** 2) / total / bessel
+    k = 0
+    if not _SAFE_SQUARES[0] <= var <= _SAFE_SQUARES[1]:
+        # The squares over- or underflowed (or the variance is 0): again in units of a
+        # power of two near max |u|, the floor and eps in the same units where they fit
+        # (where they do not, they dominate the variance: the root is taken directly).
+        big = float(np.max(np.abs(u), where=rel > 0, initial=0.0))
+        k = math.frexp(big)[1] if 0 < big < math.inf else 0
+        z = np.ldexp(u, -k)
+        mean = np.sum(rel * z) / total
+        var = np.sum(rel * (z - mean) ** 2) / total / bessel
+        with np.errstate(over="ignore"):
+            floor_k, eps_k = (float(v) for v in np.ldexp([var_floor, eps], -2 * k))
+        if not (math.isfinite(floor_k) and math.isfinite(eps_k)):
+            root = math.sqrt(max(math.ldexp(float(var), 2 * k), var_floor) + eps)
+            return math.ldexp(float(mean), k), root, 0
+        var_floor, eps = floor_k, eps_k
     var = max(var, var_floor)
     if not var + eps > 0:
-        return 0.0, 0.0
-    return float(mean), float(np.sqrt(var + eps))
+        return 0.0, 0.0, 0
+    return float(mean), float(np.sqrt(var + eps)), k
 
 
 def opo(

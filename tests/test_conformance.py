@@ -369,6 +369,55 @@ def test_rloo_batch_scale_equals_trl_rloo_normalize_advantages(dense_batch, back
     np.testing.assert_allclose(ours, expected, rtol=1e-12, atol=1e-12)
 
 
+def _trl_rloo_own_advantages(rewards_per_func, num_generations):
+    """TRL's RLOO advantages with ``normalize_advantages=True`` by the lines of the
+    installed ``RLOOTrainer`` itself, from its unscorable mask to its ``nan_to_num`` (not a
+    copy of its formulas), in float64, one reward function, no KL or clipping."""
+    import inspect
+    import textwrap
+    from types import SimpleNamespace
+
+    torch = pytest.importorskip("torch")
+    trl = pytest.importorskip("trl")
+    from trl.trainer.utils import nanstd as trl_nanstd
+
+    lines = inspect.getsource(trl.RLOOTrainer._generate_and_score_completions).splitlines()
+    first = next(i for i, line in enumerate(lines)
+                 if "unscorable_mask = torch.isnan(rewards_per_func)" in line)
+    last = next(i for i, line in enumerate(lines)
+                if "advantages = torch.nan_to_num(advantages" in line)
+    trainer = SimpleNamespace(reward_weights=torch.ones(1, dtype=torch.float64),
+                              reward_clip_range=None, beta=0.0, normalize_advantages=True)
+    namespace = {"self": trainer, "torch": torch, "nanstd": trl_nanstd, "device": "cpu",
+                 "rewards_per_func": torch.tensor(rewards_per_func[:, None],
+                                                  dtype=torch.float64),
+                 "num_generations": num_generations}
+    exec(textwrap.dedent("\n".join(lines[first:last + 1])), namespace)
+    return namespace["advantages"].numpy()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rloo_batch_scale_equals_trls_own_code_with_unscorable(backend, dtype):
+    # Groups left with exactly one scorable completion: TRL's leave-one-out advantage is
+    # 0/0 = NaN there, so its whitening leaves that completion out and gives it 0.
+    rng = np.random.default_rng(5)
+    for trial in range(12):
+        n_groups, g = int(rng.integers(2, 9)), int(rng.integers(2, 7))
+        rewards = np.round(rng.uniform(0, 1, n_groups * g), 2)
+        rewards[rng.uniform(size=rewards.size) < 0.3] = np.nan
+        rewards.reshape(n_groups, g)[trial % n_groups, 1:] = np.nan  # one lone response
+        rewards = rewards.astype(dtype)
+        expected = _trl_rloo_own_advantages(rewards.astype(np.float64), g)
+        ours = rloo(rewards.reshape(n_groups, g), scale="batch", eps=1e-4,
+                    nan_policy="omit", backend=backend)
+        # TRL's nanstd takes Bessel's count / (count - 1) in torch's default float32 (a
+        # relative 2**-24 in the variance, half that in the std); a float32 result adds
+        # its own rounding, 2**-24.  The zeros are exact on both sides.
+        rtol = 2.0 ** -24 if dtype == np.float64 else 2.0 ** -23
+        np.testing.assert_allclose(ours.reshape(-1), expected, rtol=rtol, atol=0)
+        assert ours.dtype == dtype
+
+
 def trl_normalize_then_sum(rewards_per_func, num_generations, weights):
     """(N, K) rewards with NaN for None: per function and group, (r - nanmean) /
     (nanstd + 1e-4); nansum with weights; rows NaN in every function are NaN; then

@@ -7,6 +7,7 @@ or has an |advantage| above ``limit``, the output dtype's maximum.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numba import njit, types
@@ -16,8 +17,7 @@ from advcal._kernels.modes import FASTMATH, FIXED, GRPO, HUGE, RLOO, TINY
 from advcal._kernels.pool import compile_serial, run_over_groups
 
 
-@intrinsic
-def _minus(typingctx, a, b):
+def _exact_minus(typingctx: Any, a: Any, b: Any) -> Any:
     """``a - b`` in float64 that LLVM may not reassociate with a neighbouring sum or
     difference (see ``modes``): numba adds the kernel's fast-math flags only to float
     operations that have none, so this one carries ``nsz`` alone."""
@@ -29,6 +29,9 @@ def _minus(typingctx, a, b):
         return builder.fsub(x, y, flags=("nsz",))
 
     return sig, codegen
+
+
+_minus: Any = intrinsic(_exact_minus)  # (Any: mypy would see the typing signature)
 
 
 @njit(inline="always")
