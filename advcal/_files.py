@@ -76,7 +76,15 @@ def check_target(path: Path, what: str) -> None:
 
 
 def _umask() -> int:
-    # os.umask can only be read by setting it; set it straight back.
+    # Linux reports the umask in /proc; elsewhere it can only be read by setting it (and
+    # straight back), which another thread creating a file at that instant could see.
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -2,8 +2,8 @@
 SRGO (``advcal.risk``), the analyses and the trainer integrations run the recovery engines.
 
 Callers validate once (``check_sets``, ``gram_blocks``, ``ablation_iv``) and then call
-``run_recovery`` for a grid of thresholds or ``recover_checked`` for one.  The math is
-described in ``advcal.recovery`` and ``docs/setgrpo.md``.
+``run_recovery`` for a grid of thresholds (``advcal.recovery.recover_checked`` for one).
+The math is described in ``advcal.recovery`` and ``docs/setgrpo.md``.
 """
 
 from __future__ import annotations
@@ -36,34 +36,6 @@ from advcal.sets import CoefficientSets
 #: Which groups an update keeps: ``"gate"`` (GGSR's recovery sets) or ``"matched-random"``
 #: (the ablation: as many groups as the gate accepts, drawn at random, with η = 1).
 DISCARDS = ("gate", "matched-random")
-
-
-class Recovery(NamedTuple):
-    """Per-group GGSR result (:func:`recover`).
-
-    Attributes
-    ----------
-    coefficients : ndarray
-        a(η*) for accepted groups, 0 for rejected ones: the coefficients to write back into
-        the GRPO loss (layout and dtype of the rewards).
-    eta : ndarray of float64, shape (B,)
-        Recovery ratio η* (0 for rejected groups).
-    accepted : ndarray of bool, shape (B,)
-        Whether the recovery set is non-empty.
-    anchors : ndarray
-        Anchors a₀ (layout of the rewards); c for groups without an update of their own
-        (fewer than two responses, or U(c) = 0), 0 when ρ is infinite.
-    m_full, m_reward : ndarray of float64, shape (B,)
-        The projections at η* (NaN where undefined: fewer than two responses, U(c) = 0,
-        U(a₀) = 0, or infinite ρ).
-    """
-
-    coefficients: np.ndarray
-    eta: np.ndarray
-    accepted: np.ndarray
-    anchors: np.ndarray
-    m_full: np.ndarray
-    m_reward: np.ndarray
 
 
 class RawRecovery(NamedTuple):
@@ -254,19 +226,3 @@ def coefficients_at(sets: CoefficientSets, raw: RawRecovery, column: int) -> np.
     out = raw.anchors + eta_flat * (centers - raw.anchors)
     # η* = 1 writes back c exactly (the rounding of a₀ + (c − a₀) would not).
     return np.where(keep, np.where(eta_flat == 1.0, centers, out), 0.0)
-
-
-def recover_checked(sets: CoefficientSets, gram_flat: np.ndarray, tau: float,
-                    backend: str = "numba", ablation: Ablation = FULL_METHOD) -> Recovery:
-    """:func:`advcal.recover` on validated arguments (``gram_flat`` from :func:`gram_blocks`)."""
-    raw = run_recovery(sets, gram_flat, np.array([tau]), None, backend, ablation)
-    coefficients = coefficients_at(sets, raw, 0)
-    restore = sets.batch.restore
-    return Recovery(
-        restore(coefficients.astype(sets.dtype)),
-        raw.eta[:, 0].copy(),
-        raw.accepted[:, 0].copy(),
-        restore(raw.anchors.astype(sets.dtype)),
-        raw.m_full[:, 0].copy(),
-        raw.m_reward[:, 0].copy(),
-    )

@@ -18,9 +18,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from advcal._blocks import block_offsets, gather_blocks, gather_rows, size_classes
-from advcal._ggsr import Recovery, check_sets, gram_blocks, run_recovery
+from advcal._ggsr import check_sets, gram_blocks, run_recovery
 from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
-from advcal.recovery import recover
+from advcal.recovery import Recovery, recover
 from advcal.sets import CoefficientSets, calibrate_sets, coefficient_sets
 
 __all__ = ["AffineCheck", "RecoveryPath", "TrainingSummary", "affine_check", "recovery_path",

@@ -23,24 +23,54 @@ threshold in place of the calibrated one is a plain float ``tau``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from advcal._ggsr import (
     DISCARDS,
+    FULL_METHOD,
     Ablation,
-    Recovery,
     ablation_iv,
     check_sets,
+    coefficients_at,
     gram_blocks,
-    recover_checked,
+    run_recovery,
 )
 from advcal._validation import BACKENDS, check_choice, check_real
 from advcal.sets import CoefficientSets
 
 __all__ = ["DISCARDS", "Recovery", "recover"]
+
+
+class Recovery(NamedTuple):
+    """Per-group GGSR result (:func:`recover`).
+
+    Attributes
+    ----------
+    coefficients : ndarray
+        a(η*) for accepted groups, 0 for rejected ones: the coefficients to write back into
+        the GRPO loss (layout and dtype of the rewards).
+    eta : ndarray of float64, shape (B,)
+        Recovery ratio η* (0 for rejected groups).
+    accepted : ndarray of bool, shape (B,)
+        Whether the recovery set is non-empty.
+    anchors : ndarray
+        Anchors a₀ (layout of the rewards); c for groups without an update of their own
+        (fewer than two responses, or U(c) = 0), 0 when ρ is infinite.
+    m_full, m_reward : ndarray of float64, shape (B,)
+        The projections at η* (NaN where undefined: fewer than two responses, U(c) = 0,
+        U(a₀) = 0, or infinite ρ).
+    """
+
+    coefficients: np.ndarray
+    eta: np.ndarray
+    accepted: np.ndarray
+    anchors: np.ndarray
+    m_full: np.ndarray
+    m_reward: np.ndarray
+
 
 
 def _recover_iv(sets: Any, gram: Any, tau: Any, backend: Any, reward_condition: Any = True,
@@ -117,3 +147,19 @@ def recover(
     sets, gram_flat, tau, ablation = _recover_iv(sets, gram, tau, backend, reward_condition,
                                                  recovery, discard, seed)
     return recover_checked(sets, gram_flat, tau, backend, ablation)
+
+
+def recover_checked(sets: CoefficientSets, gram_flat: np.ndarray, tau: float,
+                    backend: str = "numba", ablation: Ablation = FULL_METHOD) -> Recovery:
+    """:func:`advcal.recover` on validated arguments (``gram_flat`` from :func:`gram_blocks`)."""
+    raw = run_recovery(sets, gram_flat, np.array([tau]), None, backend, ablation)
+    coefficients = coefficients_at(sets, raw, 0)
+    restore = sets.batch.restore
+    return Recovery(
+        restore(coefficients.astype(sets.dtype)),
+        raw.eta[:, 0].copy(),
+        raw.accepted[:, 0].copy(),
+        restore(raw.anchors.astype(sets.dtype)),
+        raw.m_full[:, 0].copy(),
+        raw.m_reward[:, 0].copy(),
+    )

@@ -21,16 +21,14 @@ from numpy.typing import ArrayLike
 
 from advcal._ggsr import (
     FULL_METHOD,
-    Recovery,
     ablation_iv,
     check_sets,
     gram_blocks,
-    recover_checked,
     run_recovery,
 )
 from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
 from advcal.bounds import BOUNDS, _p_values, risk_p_value, ucb
-from advcal.recovery import recover
+from advcal.recovery import Recovery, recover, recover_checked
 from advcal.sets import CoefficientSets, SetCalibration, coefficient_sets
 
 __all__ = ["ThresholdSelection", "select_threshold", "setgrpo"]

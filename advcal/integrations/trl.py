@@ -39,11 +39,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 import advcal
-from advcal._ggsr import gram_blocks, recover_checked
+from advcal._ggsr import gram_blocks
 from advcal._validation import Batch, check_choice, check_keywords, check_real
 from advcal.diagnostics import scale_summary
 from advcal.integrations._fused_head import head_start
 from advcal.layouts import GroupIndex
+from advcal.recovery import recover_checked
 from advcal.registry import REGISTRY, DiagnosticSettings, Scaled
 from advcal.sets import needs_noise_var, sets_checked
 
