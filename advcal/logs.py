@@ -6,7 +6,9 @@
 with a category per response) with the same readers.
 It reads in bounded chunks (a 10-million-row file never sits in memory as text), detects
 the format and a gzip, zstd or bz2 compression from the file's first bytes, and skips
-and counts bad rows (or stops at the first one, ``on_bad_row="error"``).
+and counts bad rows (or stops at the first one, ``on_bad_row="error"``).  Only regular
+files are opened (a FIFO or a device is refused without blocking), and every read is
+bounded by ``max_bytes``, checked as the file streams (docs/cli.md, "Limits").
 
 Presets name the columns of two trainers' logs:
 
@@ -33,6 +35,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -44,7 +47,7 @@ from typing import IO, Any
 import numpy as np
 
 from advcal import _npy
-from advcal._files import open_regular
+from advcal._files import open_regular, user_path
 
 __all__ = ["FORMATS", "PRESETS", "REWARD_AGGREGATIONS", "BadRows", "ColumnLog", "LogError",
            "MissingDependencyError", "Preset", "RewardLog", "detect_format", "read_columns",
@@ -58,6 +61,13 @@ REWARD_AGGREGATIONS = ("sum", "normalize_then_sum")
 INSTALL_HINT = "pip install 'advcal[logs]'"
 _EXAMPLES = 5  # bad rows reported by line
 _BLOCK = 8 << 20  # bytes of text parsed at a time
+# The longest text row (a CSV row or a JSON line) is max_bytes / _ROW_SHARE: 64 MiB at the
+# default.  A longer JSON line is a bad line; a longer CSV row cannot be cut out (quotes may
+# span lines), so it stops the read.
+_ROW_SHARE = 16
+# Bytes a kept row costs while it is read: 8 per numeric column, 4 per group/label code.
+_VALUE_BYTES = 8
+_CODE_BYTES = 4
 _NPZ_ROWS = 1 << 20  # rows of an array digested at a time
 _NPZ_MEMBERS = 1024  # arrays of an .npz log (checked before its directory is read)
 # The TRL epsilon added to the per-group standard deviation in normalize_then_sum.
@@ -273,10 +283,20 @@ def _content_format(head: bytes) -> str | None:
         return "npy"
     if head.startswith(b"PAR1"):
         return "parquet"
-    if b"\x00" in head:
+    rows = [r.strip() for r in head.removeprefix(b"\xef\xbb\xbf").split(b"\n")]
+    rows = [r for r in rows if r]
+    if not rows:
+        return "csv"
+    # JSON Lines when the first line or most lines are objects: one broken line (a stray
+    # byte, a NUL) near the start is a bad line, not a file of another kind
+    objects = [r.startswith((b"{", b"[")) and b"\x00" not in r for r in rows]
+    if objects[0] or 2 * sum(objects) >= len(rows):
+        return "jsonl"
+    # CSV when the header is text and the rest mostly is (random bytes: ~10% controls)
+    controls = sum(head.count(bytes([c])) for c in (*range(9), *range(14, 32)))
+    if b"\x00" in rows[0] or controls > len(head) // 20:
         return None
-    text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
-    return "jsonl" if text.startswith((b"{", b"[")) else "csv"
+    return "csv"
 
 
 def _extension_format(path: Path) -> str | None:
@@ -286,18 +306,71 @@ def _extension_format(path: Path) -> str | None:
     return _EXTENSIONS.get(suffixes[-1]) if suffixes else None
 
 
-def _open_stream(path: Path, compression: str | None) -> tuple[Any, Any]:
-    """``(stream, raw)``: the decompressed stream and the raw file (for progress)."""
+def _open(path: Path) -> tuple[IO[bytes], int]:
+    """The regular file at ``path`` and its size (:func:`advcal._files.open_regular`: a
+    FIFO or a device is refused without blocking), errors as :class:`LogError`."""
+    try:
+        return open_regular(path, "log file")
+    except FileNotFoundError:
+        raise LogError("no such file") from None
+    except OSError as exc:
+        if exc.errno is None:  # open_regular's "a FIFO, not a regular file; ..."
+            raise LogError(str(exc).removeprefix(f"log file {path}: ").split(";")[0]
+                           ) from None
+        raise LogError(f"cannot open ({exc.strerror or exc})") from None
+
+
+class _Capped:
+    """A decompressed stream that counts what it yields and stops past ``limit`` bytes
+    (a decompression bomb is refused as it streams, before it fills memory or disk)."""
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        self.stream = stream
+        self.limit = limit
+        self.done = 0
+        self.closed = False
+
+    def read(self, n: int = -1) -> bytes:
+        chunk = self.stream.read(min(n, self.limit + 1 - self.done) if n >= 0
+                                 else self.limit + 1 - self.done)
+        self.done += len(chunk)
+        if self.done > self.limit:
+            raise LogError(f"decompresses to over {self.limit:,} bytes (max_bytes); "
+                           "decompress it first to read it whole, or raise max_bytes")
+        return bytes(chunk)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        self.stream.close()
+
+
+def _open_stream(path: Path, compression: str | None, limit: int | None = None
+                 ) -> tuple[Any, Any]:
+    """``(stream, raw)``: the decompressed stream (at most ``limit`` bytes of it, when
+    given) and the raw file (for progress)."""
     pa = _pa()
-    raw = pa.OSFile(str(path), "rb")
+    f, _ = _open(path)
+    try:
+        raw = pa.PythonFile(f, mode="r")
+    except BaseException:
+        f.close()
+        raise
     if compression is None:
         return raw, raw
-    return pa.CompressedInputStream(raw, compression), raw
+    stream = pa.CompressedInputStream(raw, compression)
+    return (stream if limit is None else _Capped(stream, limit)), raw
 
 
 def _head(path: Path, compression: str | None, n: int = 4096) -> bytes:
     if compression is None:
-        with open(path, "rb") as f:
+        f, _ = _open(path)
+        with f:
             return f.read(n)
     stream, raw = _open_stream(path, compression)
     try:
@@ -328,19 +401,19 @@ def detect_format(path: str | os.PathLike[str], format: str = "auto"
     Raises
     ------
     LogError
-        The file is missing, empty, compressed in a broken way, or not a log format.
+        The file is missing, not a regular file, empty, compressed in a broken way, or
+        not a log format.
+    TypeError
+        ``path`` is not a str or path-like object (bytes paths included).
     """
-    path = Path(path)
-    if not path.exists():
-        raise LogError("no such file")
-    if not path.is_file():
-        raise LogError("not a regular file")
-    with open(path, "rb") as f:
-        raw_head = f.read(8)
-    compression = _compression(raw_head)
+    path = user_path(path, "path")
+    f, _ = _open(path)
+    with f:
+        head = f.read(4096)
+    compression = _compression(head)
     if compression is not None:
         _pa()  # decompression is pyarrow's
-    head = _head(path, compression) if compression else _head(path, None)
+        head = _head(path, compression)
     if not head.strip():
         raise LogError("empty file (no header row)" if not head else "empty file (no rows)")
     found = _content_format(head)
@@ -436,7 +509,11 @@ def _keys_python(values: Sequence[Any]) -> Any:
 class _Digest:
     """Everything kept of a file: group codes, column values, bad-row bookkeeping."""
 
-    def __init__(self, plan: _Plan, on_bad_row: str, unit: str) -> None:
+    def __init__(self, plan: _Plan, on_bad_row: str, unit: str, limit: int | None = None
+                 ) -> None:
+        self.limit = limit  # bytes the kept rows may take (max_bytes), None: unchecked
+        self.held = 0
+        self.rows = 0
         self.group_cols = plan.group_cols
         self.value_cols = plan.value_cols
         self.n_rewards = len(plan.reward_cols)
@@ -462,14 +539,17 @@ class _Digest:
         del self.examples[_EXAMPLES:]
 
     def add(self, groups: list[Any], values: list[np.ndarray],
-            unparsable: Sequence[np.ndarray | None], raw: list[Any], lines: np.ndarray
-            ) -> None:
+            unparsable: Sequence[np.ndarray | None], raw: list[Any], lines: np.ndarray,
+            flagged: Sequence[tuple[np.ndarray, str]] = ()) -> None:
         """One batch: ``groups`` (:func:`_keys_arrow`) per group column, float64 ``values``
         per value column
         (NaN = missing), ``unparsable`` masks (or None), ``raw`` source of each column
-        for messages, ``lines`` the number of each row."""
+        for messages, ``lines`` the number of each row; ``flagged``: further bad rows
+        (mask, reason)."""
         n = lines.size
         bad = np.zeros(n, bool)
+        for m, _ in flagged:
+            bad |= m
         missing = [np.asarray(g.is_null().to_numpy(zero_copy_only=False), bool)
                    for g in groups]
         for m in missing:
@@ -490,7 +570,8 @@ class _Digest:
         if bad.any():
             rows = np.flatnonzero(bad)
             for i in rows[:_EXAMPLES]:
-                reason = self._reason(int(i), missing, values, unparsable, raw)
+                reason = next((why for m, why in flagged if m[i]), None) or self._reason(
+                    int(i), missing, values, unparsable, raw)
                 if self.on_bad_row == "error":
                     raise _RowError(int(lines[i]), f"{self.unit} {int(lines[i])}: {reason}")
                 self._example(int(lines[i]), reason)
@@ -499,6 +580,11 @@ class _Digest:
             mask = _pa().array(keep)
             groups = [g.filter(mask) for g in groups]
             values = [v[keep] for v in values]
+        self.rows += values[0].size if values else 0
+        self.held += sum(v.nbytes for v in values) + sum(g.nbytes for g in groups)
+        if self.limit is not None and self.held > self.limit:
+            raise LogError(f"the {self.rows:,} rows kept so far take over {self.limit:,} "
+                           "bytes (max_bytes); raise max_bytes to read them")
         for store, g in zip(self.groups, groups, strict=True):
             store.append(g)
         for vstore, v in zip(self.values, values, strict=True):
@@ -528,6 +614,8 @@ def _show(source: Any, i: int) -> str:
         return "?"
     if isinstance(value, (float, np.floating)):
         return repr(float(value))
+    if isinstance(value, bytes):  # a CSV cell read as bytes: it may not be UTF-8
+        value = value.decode("utf-8", "backslashreplace")
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -541,14 +629,26 @@ def _floats_arrow(array: Any) -> tuple[np.ndarray, np.ndarray | None]:
         array = array.combine_chunks()
     t = array.type
     if pa.types.is_dictionary(t):
-        array = array.dictionary_decode()
-        t = array.type
+        # parse the distinct values once, then index: a long repeated string is never
+        # copied once per row
+        floats, bad = _floats_arrow(array.dictionary)
+        codes = array.indices.fill_null(0).to_numpy(zero_copy_only=False)
+        out = floats[codes] if floats.size else np.full(len(array), np.nan)
+        null = np.asarray(array.is_null().to_numpy(zero_copy_only=False), bool)
+        out[null] = np.nan
+        if bad is None:
+            return out, None
+        marks = bad[codes] if bad.size else np.zeros(len(array), bool)
+        marks[null] = False
+        return out, marks
     if pa.types.is_null(t):
         return np.full(len(array), np.nan), None
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
         floats = pc.cast(array, pa.float64(), safe=False)
         return floats.to_numpy(zero_copy_only=False).astype(np.float64, copy=False), None
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
+    if (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t)):
+        # pyarrow's cast takes exactly the ASCII spellings _NUMBER takes (bar spaces)
         try:
             floats = pc.cast(array, pa.float64())
             return floats.to_numpy(zero_copy_only=False).astype(np.float64, copy=False), None
@@ -567,13 +667,35 @@ def _mostly_numbers(values: Sequence[Any]) -> bool:
     return parsed > 0 and parsed >= 4 * int(np.count_nonzero(bad))
 
 
+# A number written as text: ASCII decimal or scientific notation, or an infinity or NaN,
+# with ASCII spaces around it.  float() alone would also take "1_0" (10.0) and other
+# scripts' digits ("１"), which no trainer writes and pyarrow does not read as numbers.
+_NUMBER = re.compile(rb"[ \t\r\n\f\v]*[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+                     rb"|(?i:inf|infinity|nan))[ \t\r\n\f\v]*")
+_BLANK = re.compile(rb"[ \t\r\n\f\v]*")
+
+
 def _floats_python(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """float64 values of Python cells (NaN = empty) and a mask of the unparsable ones:
+    numbers, and strings (or bytes) that :data:`_NUMBER` matches."""
     out = np.full(len(values), np.nan)
     bad = np.zeros(len(values), bool)
     for i, v in enumerate(values):
-        if v is None or (isinstance(v, str) and v.strip() == ""):
+        if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        if isinstance(v, str):
+            try:
+                v = v.encode("ascii")
+            except UnicodeEncodeError:
+                bad[i] = True
+                continue
+        if isinstance(v, bytes):
+            if _BLANK.fullmatch(v):
+                continue
+            if not _NUMBER.fullmatch(v):
+                bad[i] = True
+                continue
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
             bad[i] = True
             continue
         try:
@@ -662,54 +784,100 @@ class _Careful(Exception):
     """The fast pass over a CSV met a row it cannot take: read again, carefully."""
 
 
+class _Grow(Exception):
+    """A CSV row (or the header) is longer than the block: read again with a larger one."""
+
+
+def _straddles(exc: BaseException) -> bool:
+    """Whether pyarrow refused a block because a row did not fit in it."""
+    text = str(exc)
+    return "straddl" in text or "cannot infer number of columns" in text
+
+
+def _larger_block(size: int, longest: int) -> int:
+    if size >= longest:
+        raise LogError(f"a row (or the header) is longer than {longest:,} bytes, the "
+                       "longest row read (max_bytes / 16); raise max_bytes to read it")
+    return min(4 * size, longest)
+
+
 def _read_csv(path: Path, compression: str | None, plan_for: Callable[..., _Plan],
-              on_bad_row: str, progress: Callable[[int], None] | None
+              on_bad_row: str, progress: Callable[[int], None] | None, max_bytes: int
               ) -> tuple[_Plan, _Digest]:
     pa = _pa()
     import pyarrow.csv as pcsv
 
-    def reader(plan: _Plan | None, handler: Any, careful: bool) -> Any:
-        stream, raw = _open_stream(path, compression)
+    def reader(plan: _Plan | None, handler: Any, careful: bool, block: int) -> Any:
+        stream, raw = _open_stream(path, compression, max_bytes)
         include = plan.needed if plan is not None else None
         # group ids straight into dictionary arrays; values as numbers (the fast pass, on
-        # both cores) or as text parsed per batch (the careful pass: a cell that is not a
-        # number must not fail the whole block, and only one thread knows line numbers)
+        # both cores) or as bytes parsed per batch (the careful pass: a cell that is not a
+        # number must not fail the whole block, and only one thread knows line numbers).
+        # UTF-8 is checked per cell, after the read (_utf8_checked): a stray byte in one
+        # row must not fail its block.
         types = None if plan is None else {
-            **{c: pa.string() if careful else pa.float64() for c in plan.value_cols},
+            **{c: pa.binary() if careful else pa.float64() for c in plan.value_cols},
             **{c: _key_type() for c in plan.group_cols}}
         convert = pcsv.ConvertOptions(include_columns=list(include) if include else None,
-                                      column_types=types, strings_can_be_null=True)
+                                      column_types=types, strings_can_be_null=True,
+                                      check_utf8=plan is None)
         parse = pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=handler)
-        read = pcsv.ReadOptions(block_size=_BLOCK if include else 1 << 16,
-                                use_threads=not careful)
-        return pcsv.open_csv(stream, read_options=read, parse_options=parse,
-                             convert_options=convert), raw
+        read = pcsv.ReadOptions(block_size=block, use_threads=not careful)
+        try:
+            return pcsv.open_csv(stream, read_options=read, parse_options=parse,
+                                 convert_options=convert), raw
+        except BaseException:
+            raw.close()
+            raise
 
-    # the header and the first block's types (numeric columns: TRL's reward functions)
-    try:
-        peek, raw = reader(None, lambda row: "skip", True)
-    except pa.ArrowInvalid as exc:
-        raise _csv_error(exc) from None
-    schema = peek.schema
-    try:
-        first = peek.read_next_batch()
-    except (StopIteration, pa.ArrowInvalid):
-        first = None
-    raw.close()
+    # the header and the first block's types (numeric columns: TRL's reward functions);
+    # a small block, grown while the header or the first row does not fit in it
+    longest = max(max_bytes // _ROW_SHARE, _BLOCK)
+    block = 1 << 16
+    while True:
+        try:
+            peek, raw = reader(None, lambda row: "skip", True, block)
+        except pa.ArrowInvalid as exc:
+            if not _straddles(exc):
+                raise _csv_error(exc) from None
+            block = _larger_block(block, longest)
+            continue
+        with raw:
+            schema = peek.schema
+            try:
+                first = peek.read_next_batch()
+            except StopIteration:
+                first = None
+            except pa.ArrowInvalid as exc:
+                if not _straddles(exc):
+                    first = None
+                elif block < longest:
+                    block = _larger_block(block, longest)
+                    continue
+                else:
+                    first = None  # the main pass reports it
+        break
     numeric = {f.name for f in schema if pa.types.is_integer(f.type)
                or pa.types.is_floating(f.type)
                or (first is not None and _mostly_numbers(first.column(f.name).to_pylist()))}
     plan = plan_for(schema.names, lambda c: c in numeric)
-    try:
-        return plan, _csv_pass(reader, plan, on_bad_row, progress, careful=False)
-    except _Careful:
-        return plan, _csv_pass(reader, plan, on_bad_row, progress, careful=True)
+    careful = False
+    block = max(block, _BLOCK)
+    while True:
+        try:
+            return plan, _csv_pass(reader, plan, on_bad_row, progress, careful=careful,
+                                   block=block, limit=max_bytes)
+        except _Careful:
+            careful = True
+        except _Grow:
+            block = _larger_block(block, longest)
 
 
 def _csv_pass(reader: Callable[..., Any], plan: _Plan, on_bad_row: str,
-              progress: Callable[[int], None] | None, *, careful: bool) -> _Digest:
+              progress: Callable[[int], None] | None, *, careful: bool, block: int,
+              limit: int) -> _Digest:
     pa = _pa()
-    digest = _Digest(plan, on_bad_row, "line")
+    digest = _Digest(plan, on_bad_row, "line", limit)
     invalid: list[int] = []  # 0-based data-row index of each row with a wrong field count
     pending: list[_RowError] = []  # on_bad_row="error": raised once earlier rows are checked
 
@@ -726,8 +894,10 @@ def _csv_pass(reader: Callable[..., Any], plan: _Plan, on_bad_row: str,
         return "skip"
 
     try:
-        batches, raw = reader(plan, handler, careful)
+        batches, raw = reader(plan, handler, careful, block)
     except pa.ArrowInvalid as exc:
+        if _straddles(exc):
+            raise _Grow from None
         if not careful:
             raise _Careful from None
         raise _csv_error(exc) from None
@@ -739,6 +909,8 @@ def _csv_pass(reader: Callable[..., Any], plan: _Plan, on_bad_row: str,
             except StopIteration:
                 break
             except pa.ArrowInvalid as exc:
+                if _straddles(exc):
+                    raise _Grow from None
                 if not careful:
                     raise _Careful from None
                 raise _csv_error(exc) from None
@@ -771,7 +943,12 @@ def _csv_error(exc: BaseException) -> LogError:
 
 
 def _digest_arrow(digest: _Digest, plan: _Plan, batch: Any, lines: np.ndarray) -> None:
-    codes = [_keys_arrow(batch.column(c)) for c in plan.group_cols]
+    codes, flagged = [], []
+    for c in plan.group_cols:
+        keys, mask = _utf8_checked(_keys_arrow(batch.column(c)))
+        codes.append(keys)
+        if mask is not None:
+            flagged.append((mask, f"{plan.key_name} in column {c!r} is not UTF-8 text"))
     values, unparsable, raw = [], [], []
     for c in plan.value_cols:
         column = batch.column(c)
@@ -779,18 +956,44 @@ def _digest_arrow(digest: _Digest, plan: _Plan, batch: Any, lines: np.ndarray) -
         values.append(v)
         unparsable.append(u)
         raw.append(column)
-    digest.add(codes, values, unparsable, raw, lines)
+    digest.add(codes, values, unparsable, raw, lines, flagged)
+
+
+def _utf8_checked(keys: Any) -> tuple[Any, np.ndarray | None]:
+    """Dictionary-encoded keys, those that are not UTF-8 text (a stray byte in a CSV cell,
+    read unchecked so that it costs one row, not the file) replaced, and a mask of their
+    rows (None if all are text)."""
+    pa = _pa()
+    try:
+        keys.dictionary.validate(full=True)
+        return keys, None
+    except pa.ArrowInvalid:
+        pass
+    texts = keys.dictionary.cast(pa.binary()).to_pylist()
+    broken = []
+    for k, text in enumerate(texts):
+        try:
+            if text is not None:
+                text.decode("utf-8")
+        except UnicodeDecodeError:
+            broken.append(k)
+            texts[k] = f"\x00bad:{k}".encode()  # distinct, valid, used by no kept row
+    indices = keys.indices
+    mask = np.isin(indices.fill_null(-1).to_numpy(zero_copy_only=False), broken)
+    dictionary = pa.array(texts, pa.binary()).cast(pa.string())
+    return pa.DictionaryArray.from_arrays(indices, dictionary), mask
 
 
 # --------------------------------------------------------------------------- JSON Lines
 
 
 def _read_jsonl(path: Path, compression: str | None, plan_for: Callable[..., _Plan],
-                on_bad_row: str, progress: Callable[[int], None] | None
+                on_bad_row: str, progress: Callable[[int], None] | None, max_bytes: int
                 ) -> tuple[_Plan, _Digest]:
-    stream, raw = _open_stream(path, compression)
+    stream, raw = _open_stream(path, compression, max_bytes)
+    longest = max(max_bytes // _ROW_SHARE, _BLOCK)
     with raw:
-        blocks = _line_blocks(stream)
+        blocks = _line_blocks(stream, longest)
         first = next(blocks, None)
         columns: dict[str, list[Any]] = {}  # column -> its values in the first lines
         if first is not None:
@@ -806,8 +1009,8 @@ def _read_jsonl(path: Path, compression: str | None, plan_for: Callable[..., _Pl
         # line is a bad one
         plan = plan_for(list(columns) if columns else None,
                         lambda c: _mostly_numbers(columns.get(c, [])))
-        digest = _Digest(plan, on_bad_row, "line")
-        parser = _JsonBlocks(plan, digest)
+        digest = _Digest(plan, on_bad_row, "line", max_bytes)
+        parser = _JsonBlocks(plan, digest, longest)
         if first is not None:
             # pyarrow parses the next block (releasing the GIL) while this one is digested
             with ThreadPoolExecutor(max_workers=1) as pool:
@@ -828,9 +1031,18 @@ def _read_jsonl(path: Path, compression: str | None, plan_for: Callable[..., _Pl
     return plan, digest
 
 
-def _line_blocks(stream: Any) -> Iterator[tuple[bytes, int]]:
-    """``(block, first line number)``: whole lines, about ``_BLOCK`` bytes at a time."""
-    carry = b""
+# Stands in for a line longer than the longest read: parsed, it is a bad line.
+_LONG_LINE = b"\x00 line too long"
+
+
+def _line_blocks(stream: Any, longest: int) -> Iterator[tuple[bytes, int]]:
+    """``(block, first line number)``: whole lines, about ``_BLOCK`` bytes at a time.  A
+    line longer than ``longest`` bytes (at least ``_BLOCK``: a line within one chunk is
+    never longer) is dropped as it streams and :data:`_LONG_LINE` stands in for it (memory
+    stays bounded by ``longest`` and the block)."""
+    pieces: list[bytes] = []  # the line not yet ended
+    held = 0
+    skipping = False  # inside a line already too long
     line = 1
     while True:
         try:
@@ -839,16 +1051,26 @@ def _line_blocks(stream: Any) -> Iterator[tuple[bytes, int]]:
             raise LogError(f"cannot decompress: {_first_line(exc)}") from None
         if not chunk:
             break
-        data = carry + chunk
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            carry = data
+        end = chunk.find(b"\n")  # of the line begun in an earlier chunk
+        if end < 0:
+            if not skipping:
+                pieces.append(chunk)
+                held += len(chunk)
+                if held > longest:
+                    pieces, held, skipping = [], 0, True
             continue
-        block, carry = data[:cut + 1], data[cut + 1:]
+        if skipping or held + end > longest:
+            chunk = chunk[end:]
+            pieces, skipping = [_LONG_LINE], False
+        cut = chunk.rfind(b"\n")
+        block = b"".join((*pieces, chunk[:cut + 1]))
+        rest = chunk[cut + 1:]
+        pieces, held = [rest], len(rest)
         if line == 1:
             block = block.removeprefix(b"\xef\xbb\xbf")
         yield block, line
         line += block.count(b"\n")
+    carry = _LONG_LINE if skipping else b"".join(pieces)
     if carry.strip():
         yield (carry.removeprefix(b"\xef\xbb\xbf") if line == 1 else carry), line
 
@@ -860,10 +1082,11 @@ class _JsonBlocks:
 
     _SPLIT = 512  # lines below which a rejected block is parsed line by line
 
-    def __init__(self, plan: _Plan, digest: _Digest) -> None:
+    def __init__(self, plan: _Plan, digest: _Digest, longest: int) -> None:
         pa = _pa()
         self.plan = plan
         self.digest = digest
+        self.longest = longest
         self.group_types = {c: pa.string() for c in plan.group_cols}
 
     def _schema(self, types: dict[str, Any]) -> Any:
@@ -936,6 +1159,10 @@ class _JsonBlocks:
             if not line.strip():
                 continue
             number = start + k
+            if line == _LONG_LINE:
+                broken.append((number, f"longer than {self.longest:,} bytes, the longest "
+                                       "line read (max_bytes / 16)"))
+                continue
             try:
                 row = json.loads(line)
             except UnicodeDecodeError:
@@ -995,30 +1222,74 @@ def _nonblank_lines(block: bytes, start: int) -> np.ndarray | None:
 
 
 def _read_parquet(path: Path, plan_for: Callable[..., _Plan], on_bad_row: str,
-                  progress: Callable[[int], None] | None) -> tuple[_Plan, _Digest]:
+                  progress: Callable[[int], None] | None, max_bytes: int
+                  ) -> tuple[_Plan, _Digest]:
     pa = _pa()
     import pyarrow.parquet as pq
 
-    try:
-        pf = pq.ParquetFile(str(path))
-        schema = pf.schema_arrow
-    except (pa.ArrowException, OSError) as exc:
-        raise LogError(f"cannot read as Parquet ({_first_line(exc)})") from None
-    numeric = {f.name for f in schema if pa.types.is_integer(f.type)
-               or pa.types.is_floating(f.type)}
-    plan = plan_for(schema.names, lambda c: c in numeric)
-    digest = _Digest(plan, on_bad_row, "row")
-    row = 1
-    try:
-        for batch in pf.iter_batches(batch_size=1 << 18, columns=list(plan.needed)):
-            n = batch.num_rows
-            _digest_arrow(digest, plan, batch, np.arange(row, row + n))
-            row += n
-            if progress is not None:
-                progress(int(os.path.getsize(path) * min(1.0, row / max(pf.metadata.num_rows, 1))))
-    except (pa.ArrowException, OSError) as exc:
-        raise LogError(f"cannot read as Parquet ({_first_line(exc)})") from None
+    f, size = _open(path)
+    with f:
+        try:
+            schema = pq.ParquetFile(f).schema_arrow
+        except (pa.ArrowException, OSError) as exc:
+            raise LogError(f"cannot read as Parquet ({_first_line(exc)})") from None
+        numeric = {fl.name for fl in schema if pa.types.is_integer(fl.type)
+                   or pa.types.is_floating(fl.type)}
+        plan = plan_for(schema.names, lambda c: c in numeric)
+        # text columns stay dictionary-encoded as they are in the file: a long string
+        # repeated on every row is held once, not once per row
+        text = [c for c in plan.needed if c in schema.names and _is_text(schema.field(c).type)]
+        try:
+            f.seek(0)
+            pf = pq.ParquetFile(f, read_dictionary=text)
+            batch_rows = _parquet_budget(pf.metadata, plan, max_bytes)
+            digest = _Digest(plan, on_bad_row, "row", max_bytes)
+            total = max(pf.metadata.num_rows, 1)
+            row = 1
+            for batch in pf.iter_batches(batch_size=batch_rows, columns=list(plan.needed)):
+                n = batch.num_rows
+                _digest_arrow(digest, plan, batch, np.arange(row, row + n))
+                row += n
+                if progress is not None:
+                    progress(int(size * min(1.0, row / total)))
+        except (pa.ArrowException, OSError) as exc:
+            raise LogError(f"cannot read as Parquet ({_first_line(exc)})") from None
     return plan, digest
+
+
+def _is_text(t: Any) -> bool:
+    pa = _pa()
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t))
+
+
+def _parquet_budget(meta: Any, plan: _Plan, max_bytes: int) -> int:
+    """Rows per batch for about ``_BLOCK`` bytes of the needed columns, after checking the
+    sizes the metadata gives before anything is read: the needed columns' uncompressed
+    size and the kept rows' size may each be at most ``max_bytes``."""
+    needed = plan.needed
+    unpacked = 0
+    per_row = 0.0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        in_group = 0
+        for k in range(group.num_columns):
+            chunk = group.column(k)
+            name = chunk.path_in_schema
+            if any(name == c or name.startswith(c + ".") for c in needed):
+                in_group += max(int(chunk.total_uncompressed_size), 0)
+        unpacked += in_group
+        per_row = max(per_row, in_group / max(group.num_rows, 1))
+    if unpacked > max_bytes:
+        raise LogError(f"the columns read ({_list(needed)}) take {unpacked:,} bytes "
+                       f"uncompressed, over {max_bytes:,} (max_bytes); raise max_bytes to "
+                       "read them")
+    kept = meta.num_rows * (_VALUE_BYTES * len(plan.value_cols)
+                            + _CODE_BYTES * len(plan.group_cols))
+    if kept > max_bytes:
+        raise LogError(f"its {meta.num_rows:,} rows would take {kept:,} bytes once read, "
+                       f"over {max_bytes:,} (max_bytes); raise max_bytes to read them")
+    return int(min(1 << 18, max(1, _BLOCK // max(per_row, 1.0))))
 
 
 # --------------------------------------------------------------------------- NPZ / NPY
@@ -1269,8 +1540,15 @@ def read_log(
         :attr:`RewardLog.bad_rows` (``"skip"``), or stops the read (``"error"``).  With
         several reward columns, a row is bad only when all of them are empty or NaN.
     max_bytes : int, default 2**30
-        Largest array (``.npz``/``.npy``, checked from the headers before anything is
-        decompressed) or decompressed binary file accepted.
+        The bound of the read (a :class:`LogError` past it, raised as the file streams):
+        the largest array (``.npz``/``.npy``, checked from the headers before anything is
+        decompressed); the decompressed size of a compressed file, counted as it
+        streams; the memory the kept rows take while they are read (8 bytes per numeric
+        column, 4 per group column, per row); for Parquet, the uncompressed size and the
+        rows of the columns read, from the metadata before reading.  The longest text
+        row is ``max_bytes // 16`` (at least 8 MiB): a longer JSON line is a bad line, a
+        CSV row far longer stops the read.  Peak memory stays under about
+        ``2 * max_bytes`` plus pyarrow's read buffers (some 200 MB).
     progress : callable(done, total), optional
         Called after each chunk with the bytes of the (compressed) file read so far
         and its size.
@@ -1283,6 +1561,8 @@ def read_log(
     ------
     LogError
         A one-line description of what is wrong with the file or the options.
+    TypeError
+        ``path`` is not a str or path-like object (bytes paths included).
     MissingDependencyError
         pyarrow is not installed.
 
@@ -1299,7 +1579,7 @@ def read_log(
     >>> log.bad_rows.summary()
     'skipped 1 bad line (line 6: no reward (every reward column empty or NaN))'
     """
-    path = Path(path)
+    path = user_path(path, "path")
     preset_obj, groups, rewards, weights, extras = _read_log_iv(
         preset, group_cols, reward_cols, reward_weights, reward_agg, extra_cols, on_bad_row,
         max_bytes)
@@ -1360,6 +1640,8 @@ def read_columns(
     ------
     LogError
         A one-line description of what is wrong with the file or the options.
+    TypeError
+        ``path`` is not a str or path-like object (bytes paths included).
     MissingDependencyError
         pyarrow is not installed.
 
@@ -1378,7 +1660,7 @@ def read_columns(
     >>> log.bad_rows.summary()
     "skipped 1 bad line (line 3: empty or NaN value in column 'judge')"
     """
-    path = Path(path)
+    path = user_path(path, "path")
     _read_iv(on_bad_row, max_bytes)
     names = (columns,) if isinstance(columns, str) else tuple(columns)
     if not names:
@@ -1422,7 +1704,8 @@ def _read(path: Path, fmt: str, compression: str | None, plan_for: Callable[...,
           on_bad_row: str, max_bytes: int, progress: Callable[[int, int], None] | None
           ) -> tuple[_Plan, _Digest]:
     """Read a file of a detected format with the reader of that format."""
-    total = os.path.getsize(path)
+    f, total = _open(path)
+    f.close()
     report = None if progress is None else (lambda done: progress(done, total))
     _pa()
     workdir = None
@@ -1433,11 +1716,12 @@ def _read(path: Path, fmt: str, compression: str | None, plan_for: Callable[...,
         else:
             path_read = path
         if fmt == "csv":
-            return _read_csv(path_read, compression, plan_for, on_bad_row, report)
+            return _read_csv(path_read, compression, plan_for, on_bad_row, report, max_bytes)
         if fmt == "jsonl":
-            return _read_jsonl(path_read, compression, plan_for, on_bad_row, report)
+            return _read_jsonl(path_read, compression, plan_for, on_bad_row, report,
+                               max_bytes)
         if fmt == "parquet":
-            return _read_parquet(path_read, plan_for, on_bad_row, report)
+            return _read_parquet(path_read, plan_for, on_bad_row, report, max_bytes)
         return _read_npz(path_read, fmt, plan_for, on_bad_row, max_bytes)
     except MemoryError:
         raise LogError("out of memory while reading") from None
@@ -1457,21 +1741,25 @@ def _joined(digest: _Digest, *, decode: bool = False
     row is left."""
     bad = BadRows(digest.bad, tuple(sorted(digest.examples)), digest.unit)
     pa = _pa()
+    pa.default_memory_pool().release_unused()  # the reader's freed blocks
     keys = []
-    # each column's batches are joined and dropped in turn (memory stays near one copy)
+    # each column's batches are joined into one array as they are dropped, in turn (memory
+    # stays near one copy of the kept rows)
     while digest.groups:
         unified = pa.chunked_array(digest.groups.pop(0), type=_key_type())
         unified = unified.unify_dictionaries()
+        pa.default_memory_pool().release_unused()
         ids = unified.chunk(0).dictionary if unified.num_chunks else pa.array([], pa.string())
-        idx = [c.indices.to_numpy(zero_copy_only=False) for c in unified.chunks]
+        chunks = [c.indices for c in unified.chunks]
+        del unified
+        codes = _concat(chunks, np.dtype(np.int32),
+                        lambda a: a.to_numpy(zero_copy_only=False))
         decoded = [_key_value(k) for k in ids.to_pylist()] if decode else []
-        keys.append((np.concatenate(idx) if idx else np.empty(0, np.int32), len(ids), decoded))
-        del unified, ids, idx
+        keys.append((codes, len(ids), decoded))
+        del ids
     values = []
     while digest.values:
-        chunks = digest.values.pop(0)
-        values.append(np.concatenate(chunks) if chunks else np.empty(0))
-        del chunks
+        values.append(_concat(digest.values.pop(0), np.dtype(np.float64)))
     pa.default_memory_pool().release_unused()
     if values[0].size == 0:
         raise LogError("no rows (the file holds no responses)" if not bad.count
@@ -1483,37 +1771,30 @@ def _assemble(path: Path, fmt: str, compression: str | None, plan: _Plan, digest
               weights: tuple[float, ...], reward_agg: str) -> RewardLog:
     bad, keys, values = _joined(digest)
     codes = [(c, n_ids) for c, n_ids, _ in keys]  # per group column: codes, distinct ids
+    del keys
     if len(codes) > 1:  # a column with one value (one step) does not split groups
         codes = [c for c in codes if c[1] > 1] or codes[:1]
-    step = np.diff(codes[0][0]) if len(codes) == 1 else None
-    in_order = (step is not None and codes[0][0][0] == 0
-                and bool(np.all((step == 0) | (step == 1))))
-    del step
+    in_order = len(codes) == 1 and _consecutive(codes[0][0])
     if in_order:
         # a log written group by group, no group emptied by bad rows: codes are the groups
-        group = codes[0][0]
+        group = codes.pop()[0]
         n_groups = int(group[-1]) + 1
     elif len(codes) == 1:  # codes follow the unified dictionary: order of first appearance
-        used = np.bincount(codes[0][0]) > 0
-        group = (np.cumsum(used) - 1)[codes[0][0]]
+        c, n_ids = codes.pop()
+        used = np.bincount(c, minlength=n_ids) > 0
+        group = (np.cumsum(used) - 1).astype(c.dtype)[c]
         n_groups = int(np.count_nonzero(used))
+        del c, used
     else:
-        key = codes[0][0].astype(np.int64)
-        for c, n_ids in codes[1:]:
-            key = key * n_ids + c
-        # groups in order of first appearance: rank each key by its first row
-        uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-        rank = np.empty(uniq.size, np.int64)
-        rank[np.argsort(first, kind="stable")] = np.arange(uniq.size)
-        group = rank[inverse.reshape(-1)]
-        n_groups = int(uniq.size)
+        group, n_groups = _combined(codes)
+    del codes
     sizes = np.bincount(group, minlength=n_groups)
     offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    if in_order or np.all(group[1:] >= group[:-1]):  # written group by group: in order
+    del sizes
+    if in_order or _nondecreasing(group):  # written group by group: in order
         ordered = values
     else:
-        order = np.argsort(group, kind="stable")
-        ordered = [v[order] for v in values]
+        ordered = _grouped(values, group, offsets)
     del group
     k = len(plan.reward_cols)
     if reward_agg == "normalize_then_sum":
@@ -1531,6 +1812,97 @@ def _assemble(path: Path, fmt: str, compression: str | None, plan: _Plan, digest
     extra = dict(zip(plan.extra_cols, ordered[k:], strict=True))
     return RewardLog(rewards, offsets, extra, str(path), fmt, compression, plan.group_cols,
                      plan.reward_cols, weights, reward_agg, bad)
+
+
+_CHUNK = 1 << 22  # rows of a full-length array worked on at a time (bounded temporaries)
+
+
+def _concat(chunks: list[Any], dtype: np.dtype, convert: Callable[[Any], np.ndarray] =
+            np.asarray) -> np.ndarray:
+    """``np.concatenate`` of ``chunks`` that drops each chunk once copied: the peak is the
+    result and one chunk, not twice the result."""
+    pool = _pa().default_memory_pool()
+    out = np.empty(sum(len(c) for c in chunks), dtype)
+    chunks.reverse()
+    at = 0
+    while chunks:
+        piece = convert(chunks.pop())
+        out[at:at + piece.size] = piece
+        at += piece.size
+        del piece
+        if at >= _CHUNK:  # hand pyarrow's freed batches back, or they stay resident
+            pool.release_unused()
+    return out
+
+
+def _consecutive(codes: np.ndarray) -> bool:
+    """Whether codes run 0, 0, 1, 2, 2, ... (each step 0 or 1), checked chunk by chunk."""
+    if codes.size == 0 or codes[0] != 0:
+        return False
+    for lo in range(0, codes.size - 1, _CHUNK):
+        step = np.diff(codes[lo:lo + _CHUNK + 1])
+        if not np.all((step == 0) | (step == 1)):
+            return False
+    return True
+
+
+def _nondecreasing(group: np.ndarray) -> bool:
+    for lo in range(0, group.size - 1, _CHUNK):
+        piece = group[lo:lo + _CHUNK + 1]
+        if np.any(piece[1:] < piece[:-1]):
+            return False
+    return True
+
+
+def _combined(codes: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
+    """A group per combination of several key columns' codes, numbered in order of first
+    appearance; pairs are combined and renumbered in turn (hashing, in pyarrow), so the
+    combined key never overflows and no sort of all rows is made."""
+    pa = _pa()
+    import pyarrow.compute as pc
+
+    group, n_groups = codes[0][0], codes[0][1]
+    for c, n_ids in codes[1:]:
+        key = group.astype(np.int64)
+        key *= n_ids
+        key += c
+        encoded = pc.dictionary_encode(pa.array(key))
+        del key
+        group = encoded.indices.to_numpy(zero_copy_only=False)
+        n_groups = len(encoded.dictionary)
+        del encoded
+    return group, n_groups
+
+
+def _grouped(values: list[np.ndarray], group: np.ndarray, offsets: np.ndarray
+             ) -> list[np.ndarray]:
+    """Each of ``values`` in group order (stable: file order within a group).  A counting
+    sort chunk by chunk: ``group`` is overwritten with each row's destination, and each
+    column is moved and dropped in turn, so the peak is the columns plus one copy of one,
+    not an argsort of every row next to them."""
+    wide = group.size >= 2**31 and group.dtype != np.int64
+    dest = group if group.flags.writeable and not wide else group.astype(
+        np.int64 if wide else group.dtype)
+    fill = offsets[:-1].copy()  # the next free slot of each group
+    for lo in range(0, group.size, _CHUNK):
+        g = group[lo:lo + _CHUNK]
+        order = np.argsort(g, kind="stable")
+        gs = g[order]
+        starts = np.flatnonzero(np.concatenate(([True], gs[1:] != gs[:-1])))
+        runs = np.diff(np.append(starts, gs.size))
+        rank = np.arange(gs.size) - np.repeat(starts, runs)  # within its group, in the chunk
+        where = fill[gs] + rank
+        fill[gs[starts]] += runs
+        dest[lo:lo + _CHUNK][order] = where
+        del g, order, gs, starts, runs, rank, where
+    out = []
+    while values:
+        v = values.pop(0)
+        moved = np.empty_like(v)
+        moved[dest] = v
+        del v
+        out.append(moved)
+    return out
 
 
 def _normalize_within_groups(columns: np.ndarray, offsets: np.ndarray) -> np.ndarray:
