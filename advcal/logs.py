@@ -470,7 +470,15 @@ def _keys_arrow(array: Any) -> Any:
     t = array.type
     if pa.types.is_dictionary(t):
         if pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type):
-            return array.cast(_key_type())
+            array = array.cast(_key_type())
+            empty = pc.equal(array.dictionary, "")
+            if not pc.any(empty).as_py():
+                return array
+            # "": no id (the dictionary is kept, not decoded: Parquet ids stay encoded)
+            blank = pc.is_in(array.indices, value_set=pc.indices_nonzero(empty).cast(
+                pa.int32()))
+            indices = pc.if_else(blank, pa.scalar(None, pa.int32()), array.indices)
+            return pa.DictionaryArray.from_arrays(indices, array.dictionary)
         array = array.dictionary_decode()
         t = array.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
@@ -797,7 +805,8 @@ def _straddles(exc: BaseException) -> bool:
 def _larger_block(size: int, longest: int) -> int:
     if size >= longest:
         raise LogError(f"a row (or the header) is longer than {longest:,} bytes, the "
-                       "longest row read (max_bytes / 16); raise max_bytes to read it")
+                       "longest row read (max_bytes / 16), or a quote is never closed; "
+                       "raise max_bytes to read a longer row")
     return min(4 * size, longest)
 
 

@@ -159,9 +159,15 @@ def test_a_line_longer_than_the_longest_is_a_bad_line(tmp_path):
     csv.write_text(f'group,reward,completion\na,1,"{"z" * (25 * MiB)}"\na,2,x\n',
                    encoding="utf-8")
     with pytest.raises(LogError, match=r"a row \(or the header\) is longer than 10,485,760 "
-                                       r"bytes, the longest row read \(max_bytes / 16\)"):
+                                       r"bytes, the longest row read \(max_bytes / 16\), or a "
+                                       "quote is never closed; raise max_bytes"):
         read_log(csv, max_bytes=160 * MiB)
     assert read_log(csv).rewards.tolist() == [1.0, 2.0]
+    # a quote never closed makes the rest of the file one value: the same one line
+    csv.write_text('group,reward,completion\na,1,"open\n' + "a,2,x\n" * (3 * MiB),
+                   encoding="utf-8")
+    with pytest.raises(LogError, match="or a quote is never closed"):
+        read_log(csv, max_bytes=16 * MiB)
 
 
 def test_peak_memory_of_hostile_files(tmp_path):
@@ -305,3 +311,16 @@ def test_string_numbers_in_parquet_follow_the_same_rule(tmp_path):
     log = read_log(path)
     assert log.rewards.tolist() == [1.0, 3.0]
     assert log.bad_rows.count == 2
+
+
+def test_parquet_ids_read_encoded_keep_the_bad_row_rules(tmp_path):
+    # text columns are read dictionary-encoded: "" is still no id, None no label
+    path = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"group": ["a", "", "b", "a", None, "b"],
+                             "reward": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]}), path)
+    log = read_log(path)
+    assert log.rewards.tolist() == [1.0, 4.0, 3.0, 6.0]
+    assert log.bad_rows.examples == ((2, "empty group id in column 'group'"),
+                                     (5, "empty group id in column 'group'"))
+    judged = read_columns(path, ["reward"], label_col="group")
+    assert judged.labels == ["a", "b", "a", "b"]
