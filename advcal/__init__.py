@@ -4,6 +4,7 @@ Points, intervals or paired scores in; advantages, coefficient sets, recovery ra
 conformal / UCB thresholds out.  The documentation site (``docs/``) has the math and the guide.
 """
 
+from advcal._version import __version__
 from advcal.analysis import (
     AffineCheck,
     RecoveryPath,
@@ -53,8 +54,6 @@ from advcal.sets import (
     coefficient_jacobian,
     coefficient_sets,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AffineCheck",

@@ -17,15 +17,13 @@ format version is refused.  Reading is bounded (``max_bytes``, checked before an
 decompressed; only regular files; at most 64 members) by the one ``.npy``/``.npz`` reader
 of :mod:`advcal._npy`.  The format and its limits are described in ``docs/calibration.md``.
 
-The ``validate_*`` functions are the checks the calibration classes run on construction
-(``__post_init__``) and that their consumers run on objects built by hand: each raises a
-``ValueError`` (or ``TypeError``) naming the field.
+Each class checks its own invariants on construction (``advcal.sets``, ``advcal.conformal``,
+``advcal.risk``); this module encodes and decodes, then runs the same checks.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import io
 import json
 import math
@@ -40,20 +38,22 @@ import numpy as np
 
 from advcal import _npy
 from advcal._files import atomic_write, open_regular, user_path
-from advcal.conformal import RANGE_METHODS, LabelMapping, RangeCalibration, conformal_quantile
+from advcal._version import __version__
+from advcal.conformal import (
+    LabelMapping,
+    RangeCalibration,
+    check_range_consistency,
+    validate_range_calibration,
+)
 from advcal.layouts import label_key
-from advcal.registry import ESTIMATORS
-from advcal.risk import ThresholdSelection
-from advcal.sets import CENTERED, NOISES, SHAPES, SetCalibration
+from advcal.risk import ThresholdSelection, validate_threshold_selection
+from advcal.sets import SetCalibration, check_set_consistency, validate_set_calibration
 
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "load_calibration",
     "save_calibration",
-    "validate_range_calibration",
-    "validate_set_calibration",
-    "validate_threshold_selection",
 ]
 
 FORMAT_NAME = "advcal.calibration"
@@ -67,8 +67,6 @@ MAX_BYTES = 1 << 30
 JSON_COST = 64
 # A calibration has at most a dozen array members; more is not a calibration file.
 MAX_MEMBERS = 64
-# Recovery sums η* ∈ [0, 1] over the accepted groups: allow rounding of that sum.
-_RECOVERY_RTOL = 1e-9
 
 KINDS = ("SetCalibration", "RangeCalibration", "ThresholdSelection")
 _DATACLASS_FIELDS = {
@@ -79,240 +77,6 @@ _DATACLASS_FIELDS = {
 
 
 # --------------------------------------------------------------------------- checks
-
-
-def _real(value: Any, name: str, *, low: float | None = None, high: float | None = None,
-          low_open: bool = False, high_open: bool = False, allow_inf: bool = False,
-          allow_neg_inf: bool = False) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`{name}` must be a real number; got {type(value).__name__}.")
-    try:
-        v = float(value)
-    except OverflowError:  # an integer beyond the float range
-        raise ValueError(f"`{name}` must be finite; got an integer beyond the float "
-                         "range.") from None
-    if math.isnan(v):
-        raise ValueError(f"`{name}` must not be NaN.")
-    if math.isinf(v) and not ((v > 0 and allow_inf) or (v < 0 and allow_neg_inf)):
-        raise ValueError(f"`{name}` must be finite; got {v}.")
-    if low is not None and (v < low or (low_open and v == low)):
-        raise ValueError(f"`{name}` must be {'>' if low_open else '>='} {low!r}; got {v!r}.")
-    if high is not None and (v > high or (high_open and v == high)):
-        raise ValueError(f"`{name}` must be {'<' if high_open else '<='} {high!r}; got {v!r}.")
-    return v
-
-
-def _alpha(value: Any, name: str = "alpha") -> float:
-    return _real(value, name, low=0.0, high=1.0, low_open=True, high_open=True)
-
-
-def _float_vector(value: Any, name: str, *, size: int | None = None,
-                  allow_empty: bool = False) -> np.ndarray:
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"`{name}` must be a numpy array; got {type(value).__name__}.")
-    if value.dtype.kind != "f":
-        raise ValueError(f"`{name}` must have a floating dtype; got {value.dtype}.")
-    if value.ndim != 1:
-        raise ValueError(f"`{name}` must be 1-D; got shape {value.shape}.")
-    if size is not None and value.size != size:
-        raise ValueError(f"`{name}` must have shape ({size},); got {value.shape}.")
-    if value.size == 0 and not allow_empty:
-        raise ValueError(f"`{name}` must hold at least one value; got none.")
-    return value
-
-
-def _int_vector(value: Any, name: str, size: int) -> np.ndarray:
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"`{name}` must be a numpy array; got {type(value).__name__}.")
-    if value.dtype.kind not in "iu":
-        raise ValueError(f"`{name}` must have an integer dtype; got {value.dtype}.")
-    if value.shape != (size,):
-        raise ValueError(f"`{name}` must have shape ({size},); got {value.shape}.")
-    return value
-
-
-def _choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        allowed = ", ".join(repr(c) for c in choices)
-        raise ValueError(f"`{name}` must be one of {allowed}; got {value!r}.")
-    return value
-
-
-def _estimator_function(estimator: str) -> Any:
-
-    return ESTIMATORS[estimator]
-
-
-def _check_set_options(options: Any, estimator: str) -> None:
-    if not isinstance(options, Mapping):
-        raise TypeError(f"`options` must be a mapping of estimator keywords; "
-                        f"got {type(options).__name__}.")
-    params = inspect.signature(_estimator_function(estimator)).parameters
-    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    for key, value in options.items():
-        if not isinstance(key, str):
-            raise TypeError(f"`options` keys must be strings; got {key!r}.")
-        if key not in params and not takes_kwargs:
-            raise ValueError(f"`options[{key!r}]`: estimator {estimator!r} has no keyword "
-                             f"{key!r}.")
-        if np.ndim(value) > 0 and not (key == "bounds" and np.shape(value) == (2,)):
-            raise ValueError(f"`options[{key!r}]` must be a scalar (per-response estimator "
-                             "inputs cannot live in a calibration).")
-    if estimator == "maxnorm":
-        if "tau_res" not in options:
-            raise ValueError("`options` must give `tau_res` for estimator='maxnorm'.")
-        _real(options["tau_res"], "options['tau_res']", low=0.0, low_open=True)
-
-
-def validate_set_calibration(cal: Any) -> None:
-    """Check every field of a :class:`~advcal.SetCalibration` (run on construction).
-
-    Raises ``ValueError`` or ``TypeError`` naming the first bad field: a negative or NaN
-    radius ``rho``, ``alpha`` outside (0, 1), a negative ``noise_var`` or ``ridge``,
-    ``scores`` that are not a non-empty 1-D float array of non-negative values, an
-    unknown or non-centering ``estimator``, an unknown ``shape`` or ``noise``, or
-    ``options`` the estimator does not take.
-    """
-
-    _real(cal.rho, "rho", low=0.0, allow_inf=True)
-    _alpha(cal.alpha)
-    _real(cal.noise_var, "noise_var", low=0.0)
-    _real(cal.ridge, "ridge", low=0.0)
-    scores = _float_vector(cal.scores, "scores")
-    if np.isnan(scores).any():
-        raise ValueError("`scores` must not contain NaN.")
-    if (scores < 0).any():
-        raise ValueError("`scores` must be non-negative (they are distances).")
-
-    if not isinstance(cal.estimator, str) or cal.estimator not in ESTIMATORS:
-        raise ValueError(f"`estimator` must be a key of advcal.ESTIMATORS; got "
-                         f"{cal.estimator!r}.")
-    if cal.estimator not in CENTERED:
-        raise ValueError(f"`estimator` must center coefficients within groups for sets "
-                         f"(one of {', '.join(repr(e) for e in CENTERED)}); got "
-                         f"{cal.estimator!r}.")
-    _choice(cal.shape, "shape", tuple(SHAPES))
-    _choice(cal.noise, "noise", tuple(NOISES))
-    _real(cal.eps, "eps", low=0.0)
-    if isinstance(cal.ddof, (bool, np.bool_)) or not isinstance(cal.ddof, numbers.Integral) \
-            or int(cal.ddof) not in (0, 1):
-        raise ValueError(f"`ddof` must be 0 or 1; got {cal.ddof!r}.")
-    _check_set_options(cal.options, cal.estimator)
-
-
-def validate_range_calibration(cal: Any) -> None:
-    """Check every field of a :class:`~advcal.RangeCalibration` (run on construction).
-
-    Raises ``ValueError`` or ``TypeError`` naming the first bad field: an unknown
-    ``method``, ``alpha`` outside (0, 1), ``bounds`` that are not finite with low < high,
-    ``scores`` that are not a non-empty finite 1-D float array (non-negative except for
-    ``"cqr"``), a NaN or negative ``radius`` (negative only allowed for ``"cqr"``), or
-    ``radius`` keys and ``categories`` that do not match one another.
-    """
-
-    method = _choice(cal.method, "method", tuple(RANGE_METHODS))
-    _alpha(cal.alpha)
-    bounds = cal.bounds
-    if not isinstance(bounds, tuple) or len(bounds) != 2:
-        raise TypeError(f"`bounds` must be a tuple (low, high); got {bounds!r}.")
-    low = _real(bounds[0], "bounds[0]")
-    high = _real(bounds[1], "bounds[1]")
-    if not low < high:
-        raise ValueError(f"`bounds` must satisfy low < high; got {bounds!r}.")
-    scores = _float_vector(cal.scores, "scores")
-    if not np.isfinite(scores).all():
-        raise ValueError("`scores` must be finite.")
-    signed = method == "cqr"
-    if not signed and (scores < 0).any():
-        raise ValueError(f"`scores` must be non-negative for method={method!r}.")
-    radius = cal.radius
-    if not isinstance(radius, Mapping) or len(radius) == 0:
-        raise TypeError("`radius` must be a non-empty mapping of category to radius.")
-    for key, value in radius.items():
-        _real(value, f"radius[{key!r}]", low=None if signed else 0.0, allow_inf=True)
-    categories = cal.categories
-    if categories is None:
-        if list(radius) != [None]:
-            raise ValueError("`radius` must have the single key None when `categories` is "
-                             f"None; got keys {list(radius)[:5]!r}.")
-        return
-    if not isinstance(categories, np.ndarray) or categories.dtype != object:
-        raise TypeError("`categories` must be a numpy array of dtype object (or None).")
-    if categories.shape != scores.shape:
-        raise ValueError(f"`categories` must have the shape of `scores` {scores.shape}; "
-                         f"got {categories.shape}.")
-    # Labels are equal only with the same type and value (1, True and 1.0 are three).
-    seen: dict[Any, Any] = {}
-    for label in categories.tolist():
-        try:
-            seen.setdefault(label_key(label), label)
-        except TypeError:
-            raise TypeError(f"`categories` must hold hashable labels; got "
-                            f"{type(label).__name__}.") from None
-    keys = {label_key(key): key for key in radius}
-    missing = [label for key, label in seen.items() if key not in keys]
-    if missing:
-        raise ValueError(f"`radius` has no entry for category {missing[0]!r} of "
-                         "`categories`.")
-    unused = [label for key, label in keys.items() if key not in seen]
-    if unused:
-        raise ValueError(f"`radius` has category {unused[0]!r}, which no calibration "
-                         "score has in `categories`.")
-
-
-def validate_threshold_selection(sel: Any) -> None:
-    """Check every field of a :class:`~advcal.ThresholdSelection`.
-
-    Run by :func:`advcal.setgrpo` on a selection passed as ``tau`` and by the artefact
-    functions.  Raises ``ValueError`` or ``TypeError`` naming the first bad field: a grid
-    ``tau`` that is not strictly descending in [0, 1), columns of another length than
-    ``tau`` or of the wrong dtype, counts with ``k_rev > n_acc``, probabilities outside
-    [0, 1], a ``risk`` that is not ``k_rev / n_acc``, a ``feasible`` vacuous threshold,
-    or a ``tau_sel`` that is not a feasible threshold of the grid (None iff none is).
-    """
-    tau = _float_vector(sel.tau, "tau")
-    t = tau.size
-    if not (np.isfinite(tau).all() and (tau >= 0).all() and (tau < 1).all()):
-        raise ValueError("`tau` must lie in [0, 1).")
-    if (np.diff(tau) >= 0).any():
-        raise ValueError("`tau` must be strictly descending (strict -> loose).")
-    n_acc = _int_vector(sel.n_acc, "n_acc", t)
-    k_rev = _int_vector(sel.k_rev, "k_rev", t)
-    if (n_acc < 0).any():
-        raise ValueError("`n_acc` must be non-negative.")
-    if (k_rev < 0).any() or (k_rev > n_acc).any():
-        raise ValueError("`k_rev` must satisfy 0 <= k_rev <= n_acc.")
-    risk = _float_vector(sel.risk, "risk", size=t)
-    vacuous = n_acc == 0
-    if not np.array_equal(np.isnan(risk), vacuous):
-        raise ValueError("`risk` must be NaN exactly where n_acc = 0.")
-    expected = k_rev[~vacuous] / n_acc[~vacuous].astype(np.float64)
-    if not np.allclose(risk[~vacuous], expected, rtol=1e-12, atol=0.0):
-        raise ValueError("`risk` must equal k_rev / n_acc.")
-    for name in ("ucb", "p_value"):
-        col = _float_vector(getattr(sel, name), name, size=t)
-        if not ((col >= 0) & (col <= 1)).all():  # also refuses NaN
-            raise ValueError(f"`{name}` must lie in [0, 1].")
-    recovery = _float_vector(sel.recovery, "recovery", size=t)
-    limit = n_acc * (1.0 + _RECOVERY_RTOL) + _RECOVERY_RTOL
-    if not (np.isfinite(recovery).all() and (recovery >= 0).all() and (recovery <= limit).all()):
-        raise ValueError("`recovery` must lie in [0, n_acc] (a sum of eta* in [0, 1]).")
-    feasible = sel.feasible
-    if not isinstance(feasible, np.ndarray) or feasible.dtype != np.bool_:
-        raise ValueError("`feasible` must be a numpy array of bool.")
-    if feasible.shape != (t,):
-        raise ValueError(f"`feasible` must have shape ({t},); got {feasible.shape}.")
-    if (feasible & vacuous).any():
-        raise ValueError("`feasible` must be False where n_acc = 0 (nothing certified).")
-    _real(sel.level, "level", low=0.0, high=1.0, low_open=True, high_open=True)
-    if sel.tau_sel is None:
-        if feasible.any():
-            raise ValueError("`tau_sel` is None but `feasible` certifies a threshold.")
-        return
-    tau_sel = _real(sel.tau_sel, "tau_sel")
-    hit = np.flatnonzero(tau == tau_sel)
-    if hit.size != 1 or not feasible[hit[0]]:
-        raise ValueError(f"`tau_sel` must be a feasible threshold of `tau`; got {tau_sel!r}.")
 
 
 def _validate(obj: Any) -> str:
@@ -332,27 +96,11 @@ def _validate(obj: Any) -> str:
 
 
 def _check_consistent(kind: str, obj: Any) -> None:
-    """Cross-field checks that a calibration routine guarantees (a tampered file fails)."""
-
+    """The cross-field checks each calibration routine guarantees (a tampered file fails)."""
     if kind == "SetCalibration":
-        expected = conformal_quantile(obj.scores, obj.alpha)
-        if float(obj.rho) != expected:
-            raise ValueError(f"`rho` = {float(obj.rho)!r} is not the conformal quantile of "
-                             f"`scores` at `alpha` ({expected!r}).")
+        check_set_consistency(obj)
     elif kind == "RangeCalibration":
-        if obj.categories is None:
-            groups = [(None, obj.scores)]
-        else:
-            keys = list(obj.radius)
-            index = {label_key(key): i for i, key in enumerate(keys)}
-            codes = np.array([index[label_key(lab)] for lab in obj.categories.tolist()],
-                             dtype=np.int64)
-            groups = [(key, obj.scores[codes == i]) for i, key in enumerate(keys)]
-        for key, scores in groups:
-            expected = conformal_quantile(scores, obj.alpha)
-            if float(obj.radius[key]) != expected:
-                raise ValueError(f"`radius[{key!r}]` = {float(obj.radius[key])!r} is not the "
-                                 f"conformal quantile of its scores at `alpha` ({expected!r}).")
+        check_range_consistency(obj)
 
 
 # --------------------------------------------------------------------------- encoding
@@ -662,7 +410,6 @@ def save_calibration(path: str | os.PathLike[str], obj: Any) -> None:
     kind = _validate(obj)
     _check_consistent(kind, obj)
     fields, arrays = _encode(obj, kind)
-    from advcal import __version__  # the package root imports this module
 
     header = {
         "format": FORMAT_NAME,

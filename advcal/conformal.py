@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
+from advcal import _fields
 from advcal._validation import as_float_array, check_bounds, check_choice, check_int, check_real
 from advcal.layouts import label_key, numpy_keeps_labels
 
@@ -385,6 +386,84 @@ def _exact_interval(method: str, inputs: _ScoreInputs, radius: np.ndarray,
     return lo, hi, empty
 
 
+def validate_range_calibration(cal: Any) -> None:
+    """Check every field of a :class:`~advcal.RangeCalibration` (run on construction).
+
+    Raises ``ValueError`` or ``TypeError`` naming the first bad field: an unknown
+    ``method``, ``alpha`` outside (0, 1), ``bounds`` that are not finite with low < high,
+    ``scores`` that are not a non-empty finite 1-D float array (non-negative except for
+    ``"cqr"``), a NaN or negative ``radius`` (negative only allowed for ``"cqr"``), or
+    ``radius`` keys and ``categories`` that do not match one another.
+    """
+
+    method = check_choice(cal.method, "method", tuple(RANGE_METHODS))
+    _fields.alpha(cal.alpha)
+    bounds = cal.bounds
+    if not isinstance(bounds, tuple) or len(bounds) != 2:
+        raise TypeError(f"`bounds` must be a tuple (low, high); got {bounds!r}.")
+    low = _fields.real(bounds[0], "bounds[0]")
+    high = _fields.real(bounds[1], "bounds[1]")
+    if not low < high:
+        raise ValueError(f"`bounds` must satisfy low < high; got {bounds!r}.")
+    scores = _fields.float_vector(cal.scores, "scores")
+    if not np.isfinite(scores).all():
+        raise ValueError("`scores` must be finite.")
+    signed = method == "cqr"
+    if not signed and (scores < 0).any():
+        raise ValueError(f"`scores` must be non-negative for method={method!r}.")
+    radius = cal.radius
+    if not isinstance(radius, Mapping) or len(radius) == 0:
+        raise TypeError("`radius` must be a non-empty mapping of category to radius.")
+    for key, value in radius.items():
+        _fields.real(value, f"radius[{key!r}]", low=None if signed else 0.0, allow_inf=True)
+    categories = cal.categories
+    if categories is None:
+        if list(radius) != [None]:
+            raise ValueError("`radius` must have the single key None when `categories` is "
+                             f"None; got keys {list(radius)[:5]!r}.")
+        return
+    if not isinstance(categories, np.ndarray) or categories.dtype != object:
+        raise TypeError("`categories` must be a numpy array of dtype object (or None).")
+    if categories.shape != scores.shape:
+        raise ValueError(f"`categories` must have the shape of `scores` {scores.shape}; "
+                         f"got {categories.shape}.")
+    # Labels are equal only with the same type and value (1, True and 1.0 are three).
+    seen: dict[Any, Any] = {}
+    for label in categories.tolist():
+        try:
+            seen.setdefault(label_key(label), label)
+        except TypeError:
+            raise TypeError(f"`categories` must hold hashable labels; got "
+                            f"{type(label).__name__}.") from None
+    keys = {label_key(key): key for key in radius}
+    missing = [label for key, label in seen.items() if key not in keys]
+    if missing:
+        raise ValueError(f"`radius` has no entry for category {missing[0]!r} of "
+                         "`categories`.")
+    unused = [label for key, label in keys.items() if key not in seen]
+    if unused:
+        raise ValueError(f"`radius` has category {unused[0]!r}, which no calibration "
+                         "score has in `categories`.")
+
+
+def check_range_consistency(cal: RangeCalibration) -> None:
+    """Cross-field check that :func:`calibrate_ranges` guarantees (a tampered file fails):
+    each radius is the conformal quantile of its category's scores at ``alpha``."""
+    if cal.categories is None:
+        groups = [(None, cal.scores)]
+    else:
+        keys = list(cal.radius)
+        index = {label_key(key): i for i, key in enumerate(keys)}
+        codes = np.array([index[label_key(lab)] for lab in cal.categories.tolist()],
+                         dtype=np.int64)
+        groups = [(key, cal.scores[codes == i]) for i, key in enumerate(keys)]
+    for key, scores in groups:
+        expected = conformal_quantile(scores, cal.alpha)
+        if float(cal.radius[key]) != expected:
+            raise ValueError(f"`radius[{key!r}]` = {float(cal.radius[key])!r} is not the "
+                             f"conformal quantile of its scores at `alpha` ({expected!r}).")
+
+
 @dataclass(frozen=True)
 class RangeCalibration:
     """A calibrated LLM judge: turns judge scores into conformal reward ranges.
@@ -421,8 +500,6 @@ class RangeCalibration:
 
     def __post_init__(self) -> None:
         # Objects built or edited by hand get the checks a loaded file gets.
-        from advcal.artefacts import validate_range_calibration
-
         validate_range_calibration(self)
 
     def ranges(

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
+from advcal import _fields
 from advcal._ggsr import (
     FULL_METHOD,
     ablation_iv,
@@ -75,6 +76,65 @@ class ThresholdSelection(NamedTuple):
     recovery: np.ndarray
     feasible: np.ndarray
     level: float
+
+
+# Recovery sums η* ∈ [0, 1] over the accepted groups: allow rounding of that sum.
+RECOVERY_RTOL = 1e-9
+
+
+def validate_threshold_selection(sel: Any) -> None:
+    """Check every field of a :class:`~advcal.ThresholdSelection`.
+
+    Run by :func:`advcal.setgrpo` on a selection passed as ``tau`` and by the artefact
+    functions.  Raises ``ValueError`` or ``TypeError`` naming the first bad field: a grid
+    ``tau`` that is not strictly descending in [0, 1), columns of another length than
+    ``tau`` or of the wrong dtype, counts with ``k_rev > n_acc``, probabilities outside
+    [0, 1], a ``risk`` that is not ``k_rev / n_acc``, a ``feasible`` vacuous threshold,
+    or a ``tau_sel`` that is not a feasible threshold of the grid (None iff none is).
+    """
+    tau = _fields.float_vector(sel.tau, "tau")
+    t = tau.size
+    if not (np.isfinite(tau).all() and (tau >= 0).all() and (tau < 1).all()):
+        raise ValueError("`tau` must lie in [0, 1).")
+    if (np.diff(tau) >= 0).any():
+        raise ValueError("`tau` must be strictly descending (strict -> loose).")
+    n_acc = _fields.int_vector(sel.n_acc, "n_acc", t)
+    k_rev = _fields.int_vector(sel.k_rev, "k_rev", t)
+    if (n_acc < 0).any():
+        raise ValueError("`n_acc` must be non-negative.")
+    if (k_rev < 0).any() or (k_rev > n_acc).any():
+        raise ValueError("`k_rev` must satisfy 0 <= k_rev <= n_acc.")
+    risk = _fields.float_vector(sel.risk, "risk", size=t)
+    vacuous = n_acc == 0
+    if not np.array_equal(np.isnan(risk), vacuous):
+        raise ValueError("`risk` must be NaN exactly where n_acc = 0.")
+    expected = k_rev[~vacuous] / n_acc[~vacuous].astype(np.float64)
+    if not np.allclose(risk[~vacuous], expected, rtol=1e-12, atol=0.0):
+        raise ValueError("`risk` must equal k_rev / n_acc.")
+    for name in ("ucb", "p_value"):
+        col = _fields.float_vector(getattr(sel, name), name, size=t)
+        if not ((col >= 0) & (col <= 1)).all():  # also refuses NaN
+            raise ValueError(f"`{name}` must lie in [0, 1].")
+    recovery = _fields.float_vector(sel.recovery, "recovery", size=t)
+    limit = n_acc * (1.0 + RECOVERY_RTOL) + RECOVERY_RTOL
+    if not (np.isfinite(recovery).all() and (recovery >= 0).all() and (recovery <= limit).all()):
+        raise ValueError("`recovery` must lie in [0, n_acc] (a sum of eta* in [0, 1]).")
+    feasible = sel.feasible
+    if not isinstance(feasible, np.ndarray) or feasible.dtype != np.bool_:
+        raise ValueError("`feasible` must be a numpy array of bool.")
+    if feasible.shape != (t,):
+        raise ValueError(f"`feasible` must have shape ({t},); got {feasible.shape}.")
+    if (feasible & vacuous).any():
+        raise ValueError("`feasible` must be False where n_acc = 0 (nothing certified).")
+    _fields.real(sel.level, "level", low=0.0, high=1.0, low_open=True, high_open=True)
+    if sel.tau_sel is None:
+        if feasible.any():
+            raise ValueError("`tau_sel` is None but `feasible` certifies a threshold.")
+        return
+    tau_sel = _fields.real(sel.tau_sel, "tau_sel")
+    hit = np.flatnonzero(tau == tau_sel)
+    if hit.size != 1 or not feasible[hit[0]]:
+        raise ValueError(f"`tau_sel` must be a feasible threshold of `tau`; got {tau_sel!r}.")
 
 
 def _thresholds_iv(thresholds: Any) -> np.ndarray:
@@ -322,8 +382,6 @@ def setgrpo(
     ((16, 8), dtype('bool'))
     """
     if isinstance(tau, ThresholdSelection):
-        from advcal.artefacts import validate_threshold_selection
-
         validate_threshold_selection(tau)  # it may have been built or loaded by hand
         tau = tau.tau_sel
     sets = coefficient_sets(rewards, offsets, group_ids=group_ids, calibration=calibration,

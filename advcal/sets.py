@@ -29,6 +29,7 @@ list the accepted ``estimator``, ``shape`` and ``noise`` values (the first from
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from advcal import _fields
 from advcal._blocks import (
     block_offsets,
     centered,
@@ -51,7 +53,7 @@ from advcal._blocks import (
 )
 from advcal._validation import Batch, as_batch, check_choice, check_int, check_real
 from advcal.conformal import conformal_quantile
-from advcal.registry import ANALYTIC, CLOSED_FORM, REGISTRY
+from advcal.registry import ANALYTIC, CLOSED_FORM, ESTIMATORS, REGISTRY
 from advcal.resolution import maxnorm
 
 __all__ = [
@@ -529,6 +531,63 @@ def _geometry(values: np.ndarray, offsets: np.ndarray, *, estimator: str, eps: f
 # --------------------------------------------------------------------------- calibration
 
 
+def _check_set_options(options: Any, estimator: str) -> None:
+    if not isinstance(options, Mapping):
+        raise TypeError(f"`options` must be a mapping of estimator keywords; "
+                        f"got {type(options).__name__}.")
+    params = inspect.signature(ESTIMATORS[estimator]).parameters
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for key, value in options.items():
+        if not isinstance(key, str):
+            raise TypeError(f"`options` keys must be strings; got {key!r}.")
+        if key not in params and not takes_kwargs:
+            raise ValueError(f"`options[{key!r}]`: estimator {estimator!r} has no keyword "
+                             f"{key!r}.")
+        if np.ndim(value) > 0 and not (key == "bounds" and np.shape(value) == (2,)):
+            raise ValueError(f"`options[{key!r}]` must be a scalar (per-response estimator "
+                             "inputs cannot live in a calibration).")
+    if estimator == "maxnorm":
+        if "tau_res" not in options:
+            raise ValueError("`options` must give `tau_res` for estimator='maxnorm'.")
+        _fields.real(options["tau_res"], "options['tau_res']", low=0.0, low_open=True)
+
+
+def validate_set_calibration(cal: Any) -> None:
+    """Check every field of a :class:`~advcal.SetCalibration` (run on construction).
+
+    Raises ``ValueError`` or ``TypeError`` naming the first bad field: a negative or NaN
+    radius ``rho``, ``alpha`` outside (0, 1), a negative ``noise_var`` or ``ridge``,
+    ``scores`` that are not a non-empty 1-D float array of non-negative values, an
+    unknown or non-centering ``estimator``, an unknown ``shape`` or ``noise``, or
+    ``options`` the estimator does not take.
+    """
+
+    _fields.real(cal.rho, "rho", low=0.0, allow_inf=True)
+    _fields.alpha(cal.alpha)
+    _fields.real(cal.noise_var, "noise_var", low=0.0)
+    _fields.real(cal.ridge, "ridge", low=0.0)
+    scores = _fields.float_vector(cal.scores, "scores")
+    if np.isnan(scores).any():
+        raise ValueError("`scores` must not contain NaN.")
+    if (scores < 0).any():
+        raise ValueError("`scores` must be non-negative (they are distances).")
+
+    if not isinstance(cal.estimator, str) or cal.estimator not in ESTIMATORS:
+        raise ValueError(f"`estimator` must be a key of advcal.ESTIMATORS; got "
+                         f"{cal.estimator!r}.")
+    if cal.estimator not in CENTERED:
+        raise ValueError(f"`estimator` must center coefficients within groups for sets "
+                         f"(one of {', '.join(repr(e) for e in CENTERED)}); got "
+                         f"{cal.estimator!r}.")
+    check_choice(cal.shape, "shape", tuple(SHAPES))
+    check_choice(cal.noise, "noise", tuple(NOISES))
+    _fields.real(cal.eps, "eps", low=0.0)
+    if isinstance(cal.ddof, (bool, np.bool_)) or not isinstance(cal.ddof, numbers.Integral) \
+            or int(cal.ddof) not in (0, 1):
+        raise ValueError(f"`ddof` must be 0 or 1; got {cal.ddof!r}.")
+    _check_set_options(cal.options, cal.estimator)
+
+
 @dataclass(frozen=True)
 class SetCalibration:
     """The result of :func:`calibrate_sets`: everything needed to build training sets.
@@ -572,14 +631,21 @@ class SetCalibration:
     def __post_init__(self) -> None:
         # A calibration built or edited by hand (dataclasses.replace) gets the same checks
         # as a loaded file: a negative rho would otherwise give NaN coefficients later.
-        from advcal.artefacts import validate_set_calibration
-
         validate_set_calibration(self)
 
     @property
     def m(self) -> int:
         """Number of calibration groups."""
         return int(self.scores.size)
+
+
+def check_set_consistency(cal: SetCalibration) -> None:
+    """Cross-field check that :func:`calibrate_sets` guarantees (a tampered file fails):
+    ``rho`` is the conformal quantile of ``scores`` at ``alpha``."""
+    expected = conformal_quantile(cal.scores, cal.alpha)
+    if float(cal.rho) != expected:
+        raise ValueError(f"`rho` = {float(cal.rho)!r} is not the conformal quantile of "
+                         f"`scores` at `alpha` ({expected!r}).")
 
 
 def _calibrate_iv(scores_a: Any, scores_b: Any, offsets: Any, group_ids: Any, alpha: Any,

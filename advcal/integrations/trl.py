@@ -104,7 +104,7 @@ def _settings_iv(advantage: Any, options: Any, calibration: Any, tau: Any, layer
                              "ThresholdSelection (advcal.select_threshold) or its path.")
         # Checked once here, not at every batch.
         if isinstance(tau, advcal.ThresholdSelection):
-            from advcal.artefacts import validate_threshold_selection
+            from advcal.risk import validate_threshold_selection
 
             validate_threshold_selection(tau)
         else:
