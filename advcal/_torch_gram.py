@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import math
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +90,32 @@ class _Layer:
     def parameters(self) -> list[Any]:
         out = [self.module.weight] if self.weight else []
         return out + ([self.module.bias] if self.bias else [])
+
+
+class _Call:
+    """One recorded call of a covered layer (or lookup of a tied embedding): its input
+    (kept only when a product reads it), and its output's autograd node rather than the
+    output itself, so that the capture holds no activation the graph does not hold (the
+    output only weakly, to see in-place edits while someone else keeps it)."""
+
+    __slots__ = ("owner", "order", "pos", "x", "x_version", "x_shape", "node", "output_nr",
+                 "shape", "y", "y_version", "view", "lookup")
+
+    def __init__(self, owner: int, order: int, x: Any, keep: bool, y: Any,
+                 lookup: bool) -> None:
+        self.owner = owner  # the layer's index (the embedding's, for a lookup)
+        self.order = order  # forward order among all calls
+        self.pos = -1  # index among gram()'s calls
+        self.x = x if keep else None
+        self.x_version = x._version
+        self.x_shape = tuple(x.shape)
+        self.node = y.grad_fn
+        self.output_nr = y.output_nr
+        self.shape = tuple(y.shape)
+        self.y = weakref.ref(y)
+        self.y_version = y._version
+        self.view = bool(y._is_view())
+        self.lookup = lookup
 
 
 class _Unit:
@@ -485,7 +512,8 @@ class GradientCapture:
         self._sketch = sketch
         self._batch_dim = int(batch_dim)
         self._handles: list[Any] = []
-        self._records: list[list[tuple[Any, int, Any, int]]] | None = None
+        self._records: list[list[_Call]] | None = None
+        self._count = 0  # calls recorded so far: their forward order
         self._silent: set[int] = set()
         self._nograd: set[int] = set()  # layers that ran with gradients disabled
         uses: dict[int, int] = {}
@@ -505,7 +533,7 @@ class GradientCapture:
                                  "the whole batch, not on one response; leave the layer "
                                  "that shares its weight out.")
             self._shared.add(id(m.weight))
-        self._looked_up: list[list[tuple[Any, Any, int]]] = [[] for _ in self._embeddings]
+        self._looked_up: list[list[_Call]] = [[] for _ in self._embeddings]
         self._state = "new"
 
     @property
@@ -553,6 +581,8 @@ class GradientCapture:
         torch = _torch()
         records = self._records
         assert records is not None
+        # a bias alone needs no input: the capture keeps only what the products read
+        keep = self._layers[index].weight
 
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
                  ) -> None:
@@ -564,8 +594,8 @@ class GradientCapture:
                 self._nograd.add(index)
                 return
             x = args[0] if args else next(iter(kwargs.values()))
-            x = x.detach()  # shares the version counter: in-place edits stay detectable
-            records[index].append((x, x._version, output, output._version))
+            records[index].append(_Call(index, self._count, x, keep, output, False))
+            self._count += 1
 
         return hook
 
@@ -576,7 +606,8 @@ class GradientCapture:
         def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
             if self._state == "recording" and torch.is_tensor(output) \
                     and output.requires_grad and args and torch.is_tensor(args[0]):
-                calls.append((args[0].detach(), output, output._version))
+                calls.append(_Call(index, self._count, args[0].detach(), True, output, True))
+                self._count += 1
 
         return hook
 
@@ -654,8 +685,7 @@ class GradientCapture:
         order, bounds, dense = _group_layout(n, offsets, group_ids, group_size)
         records = self._records
         assert records is not None
-        flat = [(index, rec) for index, layer_records in enumerate(records)
-                for rec in layer_records]
+        flat = [call for layer_records in records for call in layer_records]
         silent = {i for i, recs in enumerate(records) if not recs}
         hidden = sorted(silent & self._nograd)
         if hidden and _reentrant_checkpoint(objectives.grad_fn):
@@ -679,33 +709,58 @@ class GradientCapture:
         # Chosen by a rule: K covers the layers that ran (their indices keep the sketch's
         # per-layer seeds).
         self._silent = silent
-        for index, (x, x_version, y, y_version) in flat:
-            if x._version != x_version or y._version != y_version:
-                what = "input" if x._version != x_version else "output"
-                raise ValueError(f"layer {self._layers[index].name!r}: its {what} was "
-                                 "modified in place after the layer ran, so the recorded "
-                                 "values are not those the gradient flowed through.")
-        for index, (x, _, y, _) in flat:  # before anything is consumed
-            name = self._layers[index].name
-            self._check_rows(x, n, name, "input")
-            self._check_rows(y, n, name, "output")
-        lookups = [(index, call) for index, calls in enumerate(self._looked_up)
-                   for call in calls]
-        for index, (_, y, y_version) in lookups:
-            name = self._embeddings[index][0]
-            if y._version != y_version:
-                raise ValueError(f"embedding {name!r}: its output was modified in place after "
-                                 "it ran, so the recorded values are not those the gradient "
-                                 "flowed through.")
-            self._check_rows(y, n, name, "output")
+        lookups = [call for calls in self._looked_up for call in calls]
+        for call in flat + lookups:
+            name = self._call_name(call)
+            y = call.y()
+            if call.x is not None and not call.lookup and call.x._version != call.x_version:
+                raise ValueError(f"layer {name!r}: its input was modified in place after "
+                                 "the layer ran, so the recorded values are not those the "
+                                 "gradient flowed through.")
+            if y is not None and y._version != call.y_version:
+                raise _modified_output(name, call.lookup)
+        for call in flat:  # before anything is consumed
+            name = self._call_name(call)
+            self._check_rows(call.x_shape, n, name, "input")
+            self._check_rows(call.shape, n, name, "output")
+        for call in lookups:
+            self._check_rows(call.shape, n, self._call_name(call), "output")
         self._state = "done"  # from here on the capture is consumed, even if this fails
+        self._records = None
+        self._looked_up = [[] for _ in self._embeddings]
+        calls = flat + lookups
+        del flat, lookups, records
+        for pos, call in enumerate(calls):
+            call.pos = pos
+        params = self.parameters()
+        acc = torch.float64 if torch.float64 in {p.dtype for p in params} else torch.float32
+        device = params[0].device
+        root, seed = (objectives.sum(), None) if start is None else start
+        targets = self._targets(root, calls)
+        units, unit_calls = self._units(calls)
+        # (layer, what, (min, max)) of every δ and input, to name a non-finite one
+        norms: list[tuple[str, str, Any]] = []
+        blocks = _Blocks(torch, order, bounds, acc, device)
+        stream = _Stream(self, calls, units, unit_calls,
+                         self._bundles(units, unit_calls, calls), n, blocks,
+                         _Rows(torch, blocks), acc, norms)
+        del units, unit_calls
+        by_node: dict[int, list[_Call]] = {}
+        for call in calls:
+            by_node.setdefault(id(call.node), []).append(call)
+        handles = []
         try:
-            root, seed = (objectives.sum(), None) if start is None else start
-            outputs = [rec[2] for _, rec in flat] + [call[1] for _, call in lookups]
-            deltas = torch.autograd.grad(root, outputs, grad_outputs=seed,
-                                         retain_graph=True, allow_unused=True)
-            looked_up = deltas[len(flat):len(outputs)]
-            deltas = deltas[:len(flat)]
+            for group in by_node.values():
+                handles.append(group[0].node.register_prehook(stream.prehook(group)))
+            del calls, by_node
+            # The backward runs to the cheapest tensors below the covered layers (see
+            # _targets); each covered layer's δ is consumed by its hook as the backward
+            # reaches it, so the δ of the layers are never held all at once.
+            if targets:  # none: the root reaches no covered layer
+                grads = torch.autograd.grad(root, targets, grad_outputs=seed,
+                                            retain_graph=True, allow_unused=True)
+                del grads
+            del targets
         except RuntimeError as exc:
             if "backward through the graph a second time" in str(exc):
                 raise ValueError("the graph of `objectives` was freed (a backward pass ran "
@@ -717,67 +772,109 @@ class GradientCapture:
                                  "activation checkpointing, so K cannot be computed. "
                                  f"{_REENTRANT}") from exc
             raise
-        if all(d is None for d in deltas):
+        finally:
+            for handle in handles:
+                handle.remove()
+        if not stream.arrived:
             raise ValueError("`objectives` was not produced under the capture: it does not "
                              "depend on any recorded layer output.")
-        params = self.parameters()
-        acc = torch.float64 if torch.float64 in {p.dtype for p in params} else torch.float32
-        per_layer: list[list[tuple[Any, Any]]] = [[] for _ in self._layers]
-        for (index, (x, _, _, _)), delta in zip(flat, deltas, strict=True):
-            if delta is not None:
-                per_layer[index].append((x, delta))
-        self._records = None  # the activations are released as the layers are done
-        del flat, deltas
-        device = params[0].device
-        # an embedding's lookups of a weight: as a linear layer's calls whose input is the
-        # δ at the lookup and whose output gradient is the one-hot rows of the ids
-        tied: dict[int, list[tuple[Any, Any]]] = {}
-        for (index, (ids, _, _)), delta in zip(lookups, looked_up, strict=True):
-            if delta is not None:
-                module = self._embeddings[index][1]
-                onehot = torch.zeros(*ids.shape, int(module.weight.shape[0]), dtype=acc,
-                                   device=delta.device)
-                onehot.scatter_(-1, ids.to(device=delta.device, dtype=torch.long)[..., None],
-                                1.0)
-                if module.padding_idx is not None:  # its row gets no gradient
-                    onehot[..., module.padding_idx] = 0.0
-                tied.setdefault(id(module.weight), []).append((delta, onehot))
-        self._looked_up = [[] for _ in self._embeddings]
-        del lookups, looked_up
-        units, work = self._units(per_layer, tied)
-        del per_layer, tied
-        # (layer, what, (min, max)) of every δ and input, to name a non-finite one
-        norms: list[tuple[str, str, Any]] = []
-        # A trainer may call this inside its loss's autocast: the products stay in ``acc``.
-        with torch.autocast(device.type, enabled=False):
-            blocks = _Blocks(torch, order, bounds, acc, device)
-            rows = _Rows(torch, blocks)
-            for bundle in self._bundles(units, work):
-                self._accumulate([units[index] for index in bundle],
-                                 [work[index] for index in bundle], n, blocks, rows, acc, norms)
-                for index in bundle:
-                    work[index] = []
-            rows.flush()
-            out = blocks.result(dense)
+        out = stream.finish(dense)
         _check_finite(out, objectives, norms)
         if output == "tensor":
             return out
         return out.detach().to(device="cpu", dtype=torch.float64).numpy()
 
-    def _units(self, per_layer: list[list[tuple[Any, Any]]],
-               tied: dict[int, list[tuple[Any, Any]]]
-               ) -> tuple[list[_Unit], list[list[tuple[Any, Any]]]]:
-        """The Gram's work: per unit (see ``_Unit``) its calls (input, δ).  One unit per
-        layer, unless covered layers share a parameter: then the shared parameter is one
-        unit over the calls of all its layers, as one layer called several times is, and
-        ``tied``'s calls (an embedding's lookups, by id of the weight) join its unit."""
+    def _call_name(self, call: _Call) -> str:
+        return self._embeddings[call.owner][0] if call.lookup else self._layers[call.owner].name
+
+    def _targets(self, root: Any, calls: list[_Call]) -> list[Any]:
+        """The tensors gram()'s backward differentiates to: as few and as cheap as possible,
+        such that autograd runs the node of every covered output that the root reaches
+        (it runs exactly the nodes with a path to a requested tensor).  The input of the
+        first covered layer (below every later layer in a sequential model) usually does
+        it alone; a layer on a branch that does not reach it adds its own input, or its
+        smallest trainable parameter (the bias where it has one) when its input needs no
+        gradient.  Raises ValueError for an output modified in place (its node bypassed)."""
+        root_fn = root.grad_fn
+        if root_fn is None:
+            return [root] if root.requires_grad else []
+        reach, keep = _reaches(root_fn, set(), set())  # keep: ids stay valid while it lives
+        reachable = set(reach)
+        for call in calls:
+            if id(call.node) not in reachable and call.view and any(
+                    child is not None and id(child) in reachable
+                    for child, _ in call.node.next_functions):
+                # an in-place edit of a view output rebased its history past its node
+                raise _modified_output(self._call_name(call), call.lookup)
+        live = sorted((call for call in calls if id(call.node) in reachable),
+                      key=lambda call: call.order)
+        nodes = {id(call.node) for call in calls}
+        targets: list[Any] = []
+        target_nodes: set[int] = set()
+        leaves: set[int] = set()
+        anchors: list[Any] = []  # keeps the target nodes' wrappers (and their ids) alive
+
+        def add(tensor: Any) -> None:
+            if any(tensor is t for t in targets):
+                return
+            targets.append(tensor)
+            if tensor.grad_fn is None:
+                leaves.add(id(tensor))
+            else:
+                anchors.append(tensor.grad_fn)
+                target_nodes.add(id(tensor.grad_fn))
+
+        for attempt in range(3):
+            uncovered = [call for call in live if not reach[id(call.node)]]
+            if not uncovered:
+                return targets
+            if attempt == 2:
+                break
+            call = uncovered[0]
+            x = call.x
+            if not call.lookup and x is not None and x.requires_grad \
+                    and (x.grad_fn is None or id(x.grad_fn) not in nodes):
+                add(x)
+            else:
+                add(self._smallest_parameter(call))
+            reach, keep = _reaches(root_fn, target_nodes, leaves)
+        for call in uncovered:
+            add(self._smallest_parameter(call))
+        reach, keep = _reaches(root_fn, target_nodes, leaves)
+        missed = [self._call_name(call) for call in live if not reach[id(call.node)]]
+        if missed:
+            raise ValueError(f"layers {_shorten(missed)}: their outputs do not depend on "
+                             "their own parameters in the autograd graph, so their output "
+                             "gradients cannot be captured.")
+        return targets
+
+    def _smallest_parameter(self, call: _Call) -> Any:
+        if call.lookup:
+            return self._embeddings[call.owner][1].weight
+        layer = self._layers[call.owner]
+        return layer.module.bias if layer.bias else layer.module.weight
+
+    def _units(self, calls: list[_Call]) -> tuple[list[_Unit], list[list[tuple[int, bool]]]]:
+        """The Gram's work: per unit (see ``_Unit``) its calls, as (position in ``calls``,
+        whether input and output gradient swap roles).  One unit per layer, unless covered
+        layers share a parameter: then the shared parameter is one unit over the calls of
+        all its layers, as one layer called several times is, and the lookups of an
+        embedding that shares a covered weight join that weight's unit."""
         units = [_Unit(index, layer.name, layer.weight, layer.bias)
                  for index, layer in enumerate(self._layers)]
+        per_layer: list[list[tuple[int, bool]]] = [[] for _ in self._layers]
+        tied: dict[int, list[tuple[int, bool]]] = {}
+        for call in calls:
+            if call.lookup:
+                weight = self._embeddings[call.owner][1].weight
+                tied.setdefault(id(weight), []).append((call.pos, False))
+            else:
+                per_layer[call.owner].append((call.pos, False))
         if not self._shared:
             return units, per_layer
         torch = _torch()
         out: list[_Unit] = []
-        work: list[list[tuple[Any, Any]]] = []
+        work: list[list[tuple[int, bool]]] = []
         slots: dict[int, int] = {}  # id(parameter) -> its unit in ``out``
         linear: dict[int, bool] = {}  # id(weight) -> orientation of its first use
         for unit, layer, pairs in zip(units, self._layers, per_layer, strict=True):
@@ -796,29 +893,30 @@ class GradientCapture:
                 if not shared:
                     continue
                 param = getattr(module, role)
-                calls = pairs
+                uses = pairs
                 if role == "weight":
                     # nn.Linear stores its weight (d_out, d_in), Conv1D (d_in, d_out): a use
                     # in the other orientation than the first one swaps the two sides
                     is_linear = isinstance(module, torch.nn.Linear)
                     if linear.setdefault(id(param), is_linear) != is_linear:
-                        calls = [(d, x) for x, d in pairs]
+                        uses = [(pos, not swap) for pos, swap in pairs]
                 slot = slots.get(id(param))
                 if slot is None:
                     slots[id(param)] = len(out)
                     out.append(_Unit(unit.index, unit.name, role == "weight", role == "bias"))
-                    work.append(list(calls))
+                    work.append(list(uses))
                 else:
                     out[slot].name += f"+{unit.name}"
-                    work[slot].extend(calls)
+                    work[slot].extend(uses)
         names = {id(m.weight): name for name, m in self._embeddings}
-        for key, calls in tied.items():
+        for key, uses in tied.items():
             slot = slots.get(key)
             if slot is None:  # the weight's layer did not run: K does not cover it
                 continue
             out[slot].name += f"+{names[key]}"
-            # an embedding's weight is (vocabulary, features), as nn.Linear's (d_out, d_in)
-            work[slot].extend(calls if linear[key] else [(d, x) for x, d in calls])
+            # an embedding's weight is (vocabulary, features), as nn.Linear's (d_out, d_in);
+            # a lookup's pair is (δ at its output, one-hot rows of its ids)
+            work[slot].extend(uses if linear[key] else [(pos, True) for pos, _ in uses])
         return out, work
 
     def _sides(self, unit: _Unit, pairs: list[tuple[Any, Any]]) -> tuple[int, int] | None:
@@ -828,26 +926,31 @@ class GradientCapture:
         x, d = pairs[0]
         return _sketch_sides(int(d.shape[-1]), int(x.shape[-1]), self._sketch_dim)
 
-    def _bundles(self, units: list[_Unit], per_layer: list[list[tuple[Any, Any]]]
-                 ) -> list[list[int]]:
-        """The layers that ran, in bundles that read one input tensor (q/k/v projections,
+    def _bundles(self, units: list[_Unit], unit_calls: list[list[tuple[int, bool]]],
+                 calls: list[_Call]) -> list[list[int]]:
+        """The units with calls, in bundles that read one input tensor (q/k/v projections,
         an MLP's gate and up projections): the weight gradients Δᵀ H of a bundle take one
-        product, with its layers' δ side by side (within WORKSPACE / _SHARE numbers).  Only
-        exact single-call weights bundle."""
+        product, with its layers' δ side by side (within WORKSPACE / _SHARE numbers, which
+        bounds the δ a bundle holds while its other layers' arrive).  Only exact
+        single-call weights bundle."""
         bundles: list[list[int]] = []
         by_input: dict[tuple[Any, ...], list[int]] = {}
-        sizes: dict[int, int] = {}  # numbers of δ per bundle, by its first layer
-        for index, pairs in enumerate(per_layer):
-            if not pairs:
+        sizes: dict[int, int] = {}  # numbers of δ per bundle, by its first unit
+        for index, uses in enumerate(unit_calls):
+            if not uses:
                 continue
-            x = pairs[0][0]
-            if len(pairs) > 1 or not units[index].weight \
-                    or self._sides(units[index], pairs) is not None:
+            call = calls[uses[0][0]]
+            x = call.x
+            if len(uses) > 1 or uses[0][1] or call.lookup or x is None \
+                    or not units[index].weight or (self._sketch_dim is not None and
+                                                   _sketch_sides(call.shape[-1],
+                                                                 call.x_shape[-1],
+                                                                 self._sketch_dim)):
                 bundles.append([index])
                 continue
             # same memory, shape and strides: the same values (none was edited in place)
             key = (x.data_ptr(), x.device, x.dtype, tuple(x.shape), x.stride())
-            size = int(pairs[0][1].numel())
+            size = math.prod(call.shape)
             bundle = by_input.get(key)
             if bundle is not None and sizes[bundle[0]] + size <= WORKSPACE // _SHARE:
                 bundle.append(index)
@@ -864,14 +967,12 @@ class GradientCapture:
             tensor = tensor.movedim(self._batch_dim, 0)
         return tensor.reshape(n, -1, tensor.shape[-1])
 
-    def _check_rows(self, tensor: Any, n: int, name: str, what: str) -> None:
-        dim = self._batch_dim
-        if tensor.ndim < 2 or not -tensor.ndim <= dim < tensor.ndim \
-                or tensor.shape[dim] != n:
-            raise ValueError(f"layer {name!r}: its {what} has shape {tuple(tensor.shape)}, "
-                             f"whose axis batch_dim={dim} is not the {n} responses of "
-                             "`objectives`.")
-        if dim % tensor.ndim == tensor.ndim - 1:
+    def _check_rows(self, shape: tuple[int, ...], n: int, name: str, what: str) -> None:
+        dim, ndim = self._batch_dim, len(shape)
+        if ndim < 2 or not -ndim <= dim < ndim or shape[dim] != n:
+            raise ValueError(f"layer {name!r}: its {what} has shape {shape}, whose axis "
+                             f"batch_dim={dim} is not the {n} responses of `objectives`.")
+        if dim % ndim == ndim - 1:
             raise ValueError(f"`batch_dim`={dim} is the feature axis of layer {name!r}.")
 
     def _accumulate(self, layers: list[_Unit], records: list[list[tuple[Any, Any]]], n: int,
@@ -882,7 +983,9 @@ class GradientCapture:
         torch = _torch()
         sides = self._sides(layers[0], records[0]) if len(layers) == 1 else None
         pairs = records[0]
-        if len(pairs) == 1:
+        if not layers[0].weight:  # a bias alone: its input was not kept
+            h = None
+        elif len(pairs) == 1:
             h = self._token_rows(pairs[0][0], n)
         else:  # a layer called several times: its gradient sums over every call's tokens
             h = torch.cat([self._token_rows(x, n) for x, _ in pairs], dim=1)
@@ -906,7 +1009,7 @@ class GradientCapture:
                                  dim=1)
             rows.add(sums)
         del ds, pairs, records
-        if not layers[0].weight:
+        if h is None:
             return
         if h.dtype != acc:
             h = h.to(acc)
@@ -923,6 +1026,143 @@ class GradientCapture:
             blocks.add_token_pairs(d, h)
             return
         rows.add_products(d, h)
+
+
+def _modified_output(name: str, lookup: bool) -> ValueError:
+    if lookup:
+        return ValueError(f"embedding {name!r}: its output was modified in place after it "
+                          "ran, so the recorded values are not those the gradient flowed "
+                          "through.")
+    return ValueError(f"layer {name!r}: its output was modified in place after the layer "
+                      "ran, so the recorded values are not those the gradient flowed through.")
+
+
+def _reaches(root: Any, targets: set[int], leaves: set[int]) -> tuple[dict[int, bool],
+                                                                        list[Any]]:
+    """For every autograd node below ``root`` (by id), whether a path leads from it to a
+    node in ``targets`` or to the gradient accumulator of a leaf in ``leaves``: the nodes
+    ``torch.autograd.grad`` runs for those inputs.  Also the visited nodes, whose Python
+    wrappers must stay alive while their ids are used."""
+    reach: dict[int, bool] = {}
+    keep: list[Any] = []
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        key = id(node)
+        if expanded:
+            hit = key in targets or (bool(leaves) and id(getattr(node, "variable", None))
+                                     in leaves)
+            reach[key] = hit or any(child is not None and reach[id(child)]
+                                    for child, _ in node.next_functions)
+            continue
+        if key in reach:
+            continue
+        reach[key] = False  # visited; final once its children are (a DAG has no cycle)
+        keep.append(node)
+        stack.append((node, True))
+        stack.extend((child, False) for child, _ in node.next_functions
+                     if child is not None and id(child) not in reach)
+    return reach, keep
+
+
+class _Stream:
+    """gram()'s work, done while the backward runs: each covered output's δ is handed to
+    its units as the backward reaches the layer; a unit is done as soon as the δ of all
+    its calls arrived (a bundle once all its units are), and its δ and inputs are then
+    released.  Only units of several calls (a layer called several times, a shared
+    parameter, a tied embedding) and bundles hold δ while the others arrive."""
+
+    def __init__(self, capture: GradientCapture, calls: list[_Call], units: list[_Unit],
+                 unit_calls: list[list[tuple[int, bool]]], bundles: list[list[int]], n: int,
+                 blocks: _Blocks, rows: _Rows, acc: Any,
+                 norms: list[tuple[str, str, Any]]) -> None:
+        self.torch = _torch()
+        self.capture = capture
+        self.units = units
+        self.bundles = bundles
+        self.n, self.blocks, self.rows, self.acc, self.norms = n, blocks, rows, acc, norms
+        self.device_type = blocks.device.type
+        self.call_units: list[list[tuple[int, bool]]] = [[] for _ in calls]
+        for unit, uses in enumerate(unit_calls):
+            for pos, swap in uses:
+                self.call_units[pos].append((unit, swap))
+        self.pending: list[dict[int, tuple[Any, Any]]] = [{} for _ in units]
+        self.remaining = [len(uses) for uses in unit_calls]
+        self.bundle_of = {unit: b for b, bundle in enumerate(bundles) for unit in bundle}
+        self.bundle_left = [len(bundle) for bundle in bundles]
+        self.done = [False] * len(bundles)
+        self.seen: set[int] = set()
+        self.arrived = 0
+        # the largest number of δ held at once, and the most recorded inputs alive at once
+        # among those gram() still holds (for the memory tests)
+        self.held = 0
+        self.peak_held = 0
+
+    def prehook(self, group: list[_Call]) -> Callable[[tuple[Any, ...]], None]:
+        def hook(grads: tuple[Any, ...]) -> None:
+            for call in group:
+                delta = grads[call.output_nr] if call.output_nr < len(grads) else None
+                if delta is not None and call.pos not in self.seen:
+                    self.arrive(call, delta)
+
+        return hook
+
+    def arrive(self, call: _Call, delta: Any) -> None:
+        torch = self.torch
+        self.seen.add(call.pos)
+        self.arrived += 1
+        with torch.autocast(self.device_type, enabled=False), torch.no_grad():
+            if call.lookup:
+                # the lookups as a linear layer's calls: input the δ at the lookup, output
+                # gradient the one-hot rows of the ids
+                module = self.capture._embeddings[call.owner][1]
+                ids = call.x
+                assert ids is not None
+                onehot = torch.zeros(*ids.shape, int(module.weight.shape[0]), dtype=self.acc,
+                                     device=delta.device)
+                onehot.scatter_(-1, ids.to(device=delta.device, dtype=torch.long)[..., None],
+                                1.0)
+                if module.padding_idx is not None:  # its row gets no gradient
+                    onehot[..., module.padding_idx] = 0.0
+                x, d = delta, onehot
+            else:
+                x, d = (None if call.x is None else call.x.detach()), delta
+            call.x = None  # from here on only the units' pending pairs hold it
+            for unit, swap in self.call_units[call.pos]:
+                self.pending[unit][call.pos] = (d, x) if swap else (x, d)
+                self.held += 1
+                self.remaining[unit] -= 1
+                if self.remaining[unit] == 0:
+                    b = self.bundle_of[unit]
+                    self.bundle_left[b] -= 1
+                    if self.bundle_left[b] == 0:
+                        self.peak_held = max(self.peak_held, self.held)
+                        self.run(b)
+            self.peak_held = max(self.peak_held, self.held)
+
+    def run(self, b: int) -> None:
+        """Add bundle ``b`` to the blocks, its calls in forward order, and release them."""
+        self.done[b] = True
+        bundle = [unit for unit in self.bundles[b] if self.pending[unit]]
+        if not bundle:
+            return
+        records = [[self.pending[unit][pos] for pos in sorted(self.pending[unit])]
+                   for unit in bundle]
+        for unit in bundle:
+            self.held -= len(self.pending[unit])
+            self.pending[unit] = {}
+        self.capture._accumulate([self.units[unit] for unit in bundle], records, self.n,
+                                 self.blocks, self.rows, self.acc, self.norms)
+
+    def finish(self, dense: bool) -> Any:
+        """The blocks, once the bundles some of whose δ never came are added too."""
+        torch = self.torch
+        with torch.autocast(self.device_type, enabled=False), torch.no_grad():
+            for b, done in enumerate(self.done):
+                if not done:
+                    self.run(b)
+            self.rows.flush()
+            return self.blocks.result(dense).to(self.acc)
 
 
 def _check_finite(out: Any, objectives: Any, norms: list[tuple[str, str, Any]]) -> None:
@@ -947,6 +1187,11 @@ class _Blocks:
     def __init__(self, torch: Any, order: np.ndarray | None, bounds: np.ndarray, acc: Any,
                  device: Any) -> None:
         self.torch = torch
+        self.device = device
+        # K sums inner products of long rows (d_in·d_out numbers per response): they
+        # accumulate in float64 also for float32 models (MPS has no float64)
+        acc = torch.float64 if device.type != "mps" else acc
+        self.dtype = acc
         self.order = None if order is None else torch.as_tensor(order, device=device)
         self.bounds: list[int] = bounds.tolist()
         self.sizes = [b - a for a, b in zip(self.bounds[:-1], self.bounds[1:], strict=True)]
@@ -965,7 +1210,7 @@ class _Blocks:
 
     def add_rows(self, x: Any) -> None:
         """K_ij += ⟨x_i, x_j⟩ within every group, for per-response feature rows x (N, F)."""
-        x = self._grouped(x)
+        x = self._grouped(x).to(self.dtype)
         if self.equal is not None:
             grouped = x.reshape(len(self.sizes), self.equal, -1)
             self.dense.baddbmm_(grouped, grouped.transpose(1, 2))
@@ -993,14 +1238,15 @@ class _Blocks:
             for q in range(0, len(self.sizes), step):
                 dq = d[q * g:(q + step) * g].reshape(-1, g * t, d.shape[-1])
                 hq = h[q * g:(q + step) * g].reshape(-1, g * t, h.shape[-1])
-                prod = (dq @ dq.transpose(1, 2)) * (hq @ hq.transpose(1, 2))
+                prod = (dq @ dq.transpose(1, 2)).to(self.dtype) \
+                    * (hq @ hq.transpose(1, 2)).to(self.dtype)
                 self.dense[q:q + step] += prod.reshape(-1, g, t, g, t).sum(dim=(2, 4))
             return
         for a, b, block in zip(self.bounds[:-1], self.bounds[1:], self.blocks, strict=True):
             if b > a:
                 df = d[a:b].reshape((b - a) * t, -1)
                 hf = h[a:b].reshape((b - a) * t, -1)
-                prod = (df @ df.T) * (hf @ hf.T)
+                prod = (df @ df.T).to(self.dtype) * (hf @ hf.T).to(self.dtype)
                 block += prod.reshape(b - a, t, b - a, t).sum(dim=(1, 3))
 
     def result(self, dense: bool) -> Any:
