@@ -68,12 +68,13 @@ JSON_COST = 64
 # A calibration has at most a dozen array members; more is not a calibration file.
 MAX_MEMBERS = 64
 
-KINDS = ("SetCalibration", "RangeCalibration", "ThresholdSelection")
-_DATACLASS_FIELDS = {
-    "SetCalibration": ("rho", "alpha", "noise_var", "ridge", "scores", "estimator", "shape",
-                       "noise", "eps", "ddof", "options"),
-    "RangeCalibration": ("method", "alpha", "bounds", "radius", "scores", "categories"),
-}
+# The classes a file may hold, by the ``kind`` it records: the codec is the same for all,
+# field by field (arrays as members, strings as strings, mappings of values and any other
+# value tagged with its type), but for the category labels of a RangeCalibration.
+CLASSES: dict[str, type] = {cls.__name__: cls for cls in
+                            (SetCalibration, RangeCalibration, ThresholdSelection)}
+KINDS = tuple(CLASSES)
+_LABEL_FIELDS = ("radius", "categories")
 
 
 # --------------------------------------------------------------------------- checks
@@ -210,65 +211,67 @@ def _label_json(label: Any) -> Any:
                      "saved (supported: None, str, int, bool, finite float).")
 
 
+def _field_names(cls: type) -> list[str]:
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+    return list(cls._fields)  # type: ignore[attr-defined]  # a NamedTuple
+
+
+def _has_default(cls: type, name: str) -> bool:
+    if dataclasses.is_dataclass(cls):
+        field = next(f for f in dataclasses.fields(cls) if f.name == name)
+        return field.default is not dataclasses.MISSING \
+            or field.default_factory is not dataclasses.MISSING
+    return name in cls._field_defaults  # type: ignore[attr-defined]
+
+
 def _encode(obj: Any, kind: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(scalar fields for the header, array members) of a validated object."""
+    """(header fields, array members) of a validated object, field by field."""
+    fields: dict[str, Any] = {}
     arrays: dict[str, np.ndarray] = {}
-    if kind in _DATACLASS_FIELDS:
-        # A field added to the class without a format version would be dropped silently.
-        unknown = [f.name for f in dataclasses.fields(obj)
-                   if f.name not in _DATACLASS_FIELDS[kind]]
-        if unknown:
-            raise ValueError(f"`{unknown[0]}`: calibration format version {FORMAT_VERSION} "
-                             f"does not store this field of {kind}.")
-    if kind == "SetCalibration":
-        fields = {
-            "rho": _encode_value(obj.rho, "rho"),
-            "alpha": _encode_value(obj.alpha, "alpha"),
-            "noise_var": _encode_value(obj.noise_var, "noise_var"),
-            "ridge": _encode_value(obj.ridge, "ridge"),
-            "estimator": obj.estimator,
-            "shape": obj.shape,
-            "noise": obj.noise,
-            "eps": _encode_value(obj.eps, "eps"),
-            "ddof": _encode_value(obj.ddof, "ddof"),
-            "options": {k: _encode_value(v, f"options[{k!r}]") for k, v in obj.options.items()},
-        }
-        arrays["scores"] = obj.scores
-    elif kind == "RangeCalibration":
-        keys = list(obj.radius)
-        fields = {
-            "method": obj.method,
-            "alpha": _encode_value(obj.alpha, "alpha"),
-            "bounds": _encode_value(obj.bounds, "bounds"),
-            "mondrian": obj.categories is not None,
-            "labels": [] if obj.categories is None else [_label_json(k) for k in keys],
-            "radius_mapping": type(obj.radius).__name__,
-        }
-        if len({json.dumps(k) for k in fields["labels"]}) != len(fields["labels"]):
-            raise ValueError("`radius` has labels that are equal in JSON (e.g. 1 and True).")
-        arrays["scores"] = obj.scores
-        arrays["radius"] = np.array([float(obj.radius[k]) for k in keys], dtype=np.float64)
-        if obj.categories is not None:
-            index = {label_key(k): i for i, k in enumerate(keys)}
-            arrays["category_codes"] = np.array(
-                [index[label_key(lab)] for lab in obj.categories.tolist()], dtype=np.int64)
-    else:
-        fields = {"tau_sel": _encode_value(obj.tau_sel, "tau_sel"),
-                  "level": _encode_value(obj.level, "level")}
-        for name in ("tau", "n_acc", "k_rev", "risk", "ucb", "p_value", "recovery",
-                     "feasible"):
-            arrays[name] = getattr(obj, name)
-        extra = [f for f in obj._fields if f not in fields and f not in arrays]
-        for name in extra:  # fields added to the class later travel in the same file
-            value = getattr(obj, name)
-            if isinstance(value, np.ndarray):
-                arrays[name] = value
-            else:
-                fields[name] = _encode_value(value, name)
+    names = _field_names(CLASSES[kind])
+    # A field added in a subclass would be dropped on load: it needs a format version.
+    unknown = [name for name in _field_names(type(obj)) if name not in names]
+    if unknown:
+        raise ValueError(f"`{unknown[0]}`: calibration format version {FORMAT_VERSION} "
+                         f"does not store this field of {kind}.")
+    for name in names:
+        if kind == "RangeCalibration" and name in _LABEL_FIELDS:
+            continue
+        value = getattr(obj, name)
+        if isinstance(value, np.ndarray):
+            arrays[name] = value
+        elif isinstance(value, str):
+            fields[name] = value
+        elif isinstance(value, Mapping):
+            if not all(isinstance(k, str) for k in value):
+                raise ValueError(f"`{name}` must have string keys to be saved.")
+            fields[name] = {k: _encode_value(v, f"{name}[{k!r}]") for k, v in value.items()}
+        else:
+            fields[name] = _encode_value(value, name)
+    if kind == "RangeCalibration":
+        _encode_labels(obj, fields, arrays)
     for name, arr in arrays.items():
         if arr.dtype.hasobject or arr.dtype.kind not in "biuf":
             raise ValueError(f"`{name}` of dtype {arr.dtype} cannot be saved.")
     return fields, arrays
+
+
+def _encode_labels(obj: RangeCalibration, fields: dict[str, Any],
+                   arrays: dict[str, np.ndarray]) -> None:
+    """A range calibration's radius per category: the labels in JSON (which keeps their
+    types apart), the radii and each score's category as codes into the labels."""
+    keys = list(obj.radius)
+    fields["mondrian"] = obj.categories is not None
+    fields["labels"] = [] if obj.categories is None else [_label_json(k) for k in keys]
+    fields["radius_mapping"] = type(obj.radius).__name__
+    if len({json.dumps(k) for k in fields["labels"]}) != len(fields["labels"]):
+        raise ValueError("`radius` has labels that are equal in JSON (e.g. 1 and True).")
+    arrays["radius"] = np.array([float(obj.radius[k]) for k in keys], dtype=np.float64)
+    if obj.categories is not None:
+        index = {label_key(k): i for i, k in enumerate(keys)}
+        arrays["category_codes"] = np.array(
+            [index[label_key(lab)] for lab in obj.categories.tolist()], dtype=np.int64)
 
 
 def _field(fields: Mapping[str, Any], name: str) -> Any:
@@ -277,87 +280,86 @@ def _field(fields: Mapping[str, Any], name: str) -> Any:
     return fields[name]
 
 
+def _decode_field(stored: Any, name: str) -> Any:
+    """A header field as :func:`_encode` wrote it: a string, a tagged value, or a mapping of
+    tagged values (the class's own validation then checks its type and range)."""
+    if isinstance(stored, str):
+        return stored
+    if isinstance(stored, dict) and isinstance(stored.get("type"), str):
+        return _decode_value(stored, name)
+    if isinstance(stored, dict):
+        return {k: _decode_value(v, f"{name}[{k!r}]") for k, v in stored.items()}
+    raise ValueError(f"`{name}` is malformed in the file: {_short(stored)}.")
+
+
 def _decode(kind: str, fields: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Any:
-
-    def value(name: str) -> Any:
-        return _decode_value(_field(fields, name), name)
-
-    def text(name: str) -> str:
-        v = _field(fields, name)
-        if not isinstance(v, str):
-            raise ValueError(f"`{name}` must be a string in the file; got {v!r}.")
-        return v
-
-    def array(name: str) -> np.ndarray:
-        if name not in arrays:
-            raise ValueError(f"`{name}` is missing from the file (no member {name}.npy).")
-        return arrays[name]
-
-    if kind == "SetCalibration":
-        options = _field(fields, "options")
-        if not isinstance(options, dict):
-            raise ValueError("`options` must be a JSON object in the file.")
-        return SetCalibration(
-            value("rho"), value("alpha"), value("noise_var"), value("ridge"), array("scores"),
-            text("estimator"), text("shape"), text("noise"), value("eps"), value("ddof"),
-            {k: _decode_value(v, f"options[{k!r}]") for k, v in options.items()})
-    if kind == "RangeCalibration":
-        scores = array("scores")
-        radius_values = array("radius")
-        mondrian = _field(fields, "mondrian")
-        labels = _field(fields, "labels")
-        if type(mondrian) is not bool or not isinstance(labels, list):
-            raise ValueError("`mondrian` / `labels` are malformed in the file.")
-        if radius_values.dtype != np.float64 or radius_values.ndim != 1:
-            raise ValueError("`radius` must be a 1-D float64 member in the file.")
-        if not mondrian and (labels or "category_codes" in arrays):
-            raise ValueError("`mondrian` is false but the file has category labels.")
-        keys: list[Any] = list(labels) if mondrian else [None]
-        for label in keys:
-            if isinstance(label, (list, dict)):
-                raise ValueError(f"`labels` holds {_short(label)}, which is not a label.")
-        if len({json.dumps(k) for k in keys}) != len(keys):
-            raise ValueError("`labels` has duplicate labels in the file.")
-        if radius_values.size != len(keys):
-            raise ValueError(f"`radius` must have one value per category ({len(keys)}); got "
-                             f"{radius_values.size}.")
-        mapping = _field(fields, "radius_mapping")
-        pairs = list(zip(keys, radius_values.tolist(), strict=True))
-        radius: Mapping[Any, float]
-        if mapping == "LabelMapping":  # keeps 1, True and 1.0 apart
-            radius = LabelMapping(pairs)
-        else:
-            radius = dict(pairs)
-            if len(radius) != len(keys):  # 1 and True collide as dict keys
-                raise ValueError("`labels` has labels that are equal in Python (e.g. 1 and "
-                                 "True), which only a LabelMapping radius keeps apart.")
-            if mapping == "mappingproxy":
-                radius = MappingProxyType(radius)
-        categories = None
-        if mondrian:
-            codes = array("category_codes")
-            if codes.dtype.kind not in "iu" or codes.shape != scores.shape:
-                raise ValueError(f"`category_codes` must be integers of shape {scores.shape}.")
-            if codes.size and (codes.min() < 0 or codes.max() >= len(keys)):
-                raise ValueError("`category_codes` must index `labels`.")
-            categories = np.empty(codes.size, dtype=object)
-            categories[:] = [keys[c] for c in codes.tolist()]
-            categories.flags.writeable = False
-        scores.flags.writeable = False
-        return RangeCalibration(text("method"), value("alpha"), value("bounds"), radius,
-                                scores, categories)
-    names = list(ThresholdSelection._fields)
+    cls = CLASSES[kind]
     kwargs: dict[str, Any] = {}
-    for name in names:
+    for name in _field_names(cls):
+        if kind == "RangeCalibration" and name in _LABEL_FIELDS:
+            continue
         if name in arrays:
             kwargs[name] = arrays[name]
         elif name in fields:
-            kwargs[name] = value(name)
-        elif name in ThresholdSelection._field_defaults:
-            continue
-        else:
+            kwargs[name] = _decode_field(fields[name], name)
+        elif not _has_default(cls, name):
             raise ValueError(f"`{name}` is missing from the file.")
-    return ThresholdSelection(**kwargs)
+    if kind == "RangeCalibration":
+        if not isinstance(kwargs.get("scores"), np.ndarray):
+            raise ValueError("`scores` is missing from the file (no member scores.npy).")
+        kwargs.update(_decode_labels(fields, arrays, kwargs["scores"]))
+        kwargs["scores"].flags.writeable = False
+    return cls(**kwargs)
+
+
+def _decode_labels(fields: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
+                   scores: np.ndarray) -> dict[str, Any]:
+    """``radius`` and ``categories`` of a range calibration from :func:`_encode_labels`."""
+    if "radius" not in arrays:
+        raise ValueError("`radius` is missing from the file (no member radius.npy).")
+    radius_values = arrays["radius"]
+    mondrian = _field(fields, "mondrian")
+    labels = _field(fields, "labels")
+    if type(mondrian) is not bool or not isinstance(labels, list):
+        raise ValueError("`mondrian` / `labels` are malformed in the file.")
+    if radius_values.dtype != np.float64 or radius_values.ndim != 1:
+        raise ValueError("`radius` must be a 1-D float64 member in the file.")
+    if not mondrian and (labels or "category_codes" in arrays):
+        raise ValueError("`mondrian` is false but the file has category labels.")
+    keys: list[Any] = list(labels) if mondrian else [None]
+    for label in keys:
+        if isinstance(label, (list, dict)):
+            raise ValueError(f"`labels` holds {_short(label)}, which is not a label.")
+    if len({json.dumps(k) for k in keys}) != len(keys):
+        raise ValueError("`labels` has duplicate labels in the file.")
+    if radius_values.size != len(keys):
+        raise ValueError(f"`radius` must have one value per category ({len(keys)}); got "
+                         f"{radius_values.size}.")
+    mapping = _field(fields, "radius_mapping")
+    pairs = list(zip(keys, radius_values.tolist(), strict=True))
+    radius: Mapping[Any, float]
+    if mapping == "LabelMapping":  # keeps 1, True and 1.0 apart
+        radius = LabelMapping(pairs)
+    else:
+        radius = dict(pairs)
+        if len(radius) != len(keys):  # 1 and True collide as dict keys
+            raise ValueError("`labels` has labels that are equal in Python (e.g. 1 and "
+                             "True), which only a LabelMapping radius keeps apart.")
+        if mapping == "mappingproxy":
+            radius = MappingProxyType(radius)
+    categories = None
+    if mondrian:
+        if "category_codes" not in arrays:
+            raise ValueError("`category_codes` is missing from the file.")
+        codes = arrays["category_codes"]
+        if codes.dtype.kind not in "iu" or codes.shape != scores.shape:
+            raise ValueError(f"`category_codes` must be integers of shape {scores.shape}.")
+        if codes.size and (codes.min() < 0 or codes.max() >= len(keys)):
+            raise ValueError("`category_codes` must index `labels`.")
+        categories = np.empty(codes.size, dtype=object)
+        categories[:] = [keys[c] for c in codes.tolist()]
+        categories.flags.writeable = False
+    return {"radius": radius, "categories": categories}
 
 
 # --------------------------------------------------------------------------- files
