@@ -86,6 +86,80 @@ def test_extreme_counts_and_levels_are_finite(bound):
     assert 6.9e-16 < tiny < 7e-16
 
 
+def _edgeworth_tail(k: int, n: int, beta: float) -> tuple[float, float]:
+    """P(Bin(n, beta) <= k) by the one-term Edgeworth expansion at the continuity-corrected
+    point, and a bound on what it leaves out, for huge variances V = n beta (1 - beta).
+
+    z = (k + 1/2 - n beta) / sqrt(V) (exact rational arithmetic: k and n beyond 2**53);
+    P = Phi(z) - phi(z) gamma / 6 (z**2 - 1) with skewness gamma = (1 - 2 beta) / sqrt(V).
+    The next terms are phi(z) / V times kurtosis (z**3 - 3z) / 24, skewness**2
+    (z**5 - 10 z**3 + 15 z) / 72 and the lattice's z / 24, each coefficient at most 1.
+    """
+    from fractions import Fraction
+
+    variance = float(n * Fraction(beta) * (1 - Fraction(beta)))
+    z = float(k + Fraction(1, 2) - n * Fraction(beta)) / math.sqrt(variance)
+    gamma = (1.0 - 2.0 * beta) / math.sqrt(variance)
+    phi = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    value = stats.norm.cdf(z) - phi * gamma / 6.0 * (z * z - 1.0)
+    left_out = phi / variance * (abs(z**3 - 3 * z) / 24 + abs(z**5 - 10 * z**3 + 15 * z) / 72
+                                 + abs(z) / 24)
+    return value, left_out
+
+
+@pytest.mark.parametrize("n", [10**16, 3 * 10**16, 10**17, 2**60, 9 * 10**18])
+@pytest.mark.parametrize("beta", [0.2, 0.38402386, 0.5, 0.75458121, 1e-3])
+def test_binomial_tail_for_huge_n_near_the_mean(n, beta):
+    # scipy's incomplete beta returned NaN near the mean from n = 1e16 on (and lost
+    # digits before).  Within a few standard deviations the Edgeworth expansion is exact
+    # to its left-out terms, O(1 / V) with V >= 1e13 here, plus float64 rounding.
+    sd = math.sqrt(n * beta * (1 - beta))
+    for z in (-4.0, -1.0, -1e-9, 0.0, 0.3, 2.5):
+        k = int(n * beta + z * sd)
+        expected, left_out = _edgeworth_tail(k, n, beta)
+        for bound, factor in (("clopper-pearson", 1.0), ("bentkus", math.e)):
+            got = risk_p_value(k, n, beta, bound=bound)
+            assert math.isfinite(got)
+            want = min(1.0, factor * expected)
+            assert abs(got - want) <= factor * (left_out + 8 * 2.0**-53), (bound, z)
+
+
+@pytest.mark.parametrize("bound", BOUNDS)
+def test_huge_n_bound_and_p_value_are_duals(bound):
+    # Where the p-value was NaN the search had nothing to invert: the bound is now the
+    # smallest float certified by the p-value, a few standard errors above k / n.
+    n = 3 * 10**16
+    for rate in (0.75458121, 0.38402386, 1e-6):
+        k = int(round(n * rate))
+        u = ucb(k, n, 0.05, bound=bound)
+        assert risk_p_value(k, n, u, bound=bound) <= 0.05
+        assert risk_p_value(k, n, np.nextafter(u, 0.0), bound=bound) > 0.05
+        se = math.sqrt(rate * (1 - rate) / n)
+        assert k / n < u < k / n + 4 * se
+
+
+def test_saddlepoint_tail_against_exact_sums():
+    # The saddlepoint formula against scipy's binomial tail where that is exact to ~1e-13
+    # (n <= 1e6), out to 30 standard deviations: its relative error is O(1 / V) (Daniels
+    # 1987; V = n beta (1 - beta), 900 and up here), 0.1 / V at these depths.
+    from advcal.bounds import _saddlepoint_tail
+
+    rng = np.random.default_rng(8)
+    for n in (10**4, 10**5, 10**6):
+        beta = rng.uniform(0.1, 0.9, 400)
+        sd = np.sqrt(n * beta * (1 - beta))
+        k = np.clip(np.round(n * beta + rng.uniform(-30, 30, beta.size) * sd), 0, n - 1)
+        k = k.astype(np.int64)
+        got = _saddlepoint_tail(k, np.full(k.shape, n), beta)
+        exact = stats.binom.cdf(k, n, beta)
+        # Relative in the lower tail (the p-values that get compared with small levels),
+        # absolute above the mean.
+        scale = np.where(exact < 0.5, exact, 1.0)
+        keep = exact > 1e-300
+        err = (np.abs(got - exact) / scale)[keep] * (n * beta * (1 - beta))[keep]
+        assert err.max() <= 0.1, n
+
+
 def test_bentkus_is_clopper_pearson_at_delta_over_e_and_hb_is_the_min():
     k = np.array([0, 1, 5, 20, 99])
     n = np.array([10, 10, 50, 100, 100])
