@@ -144,22 +144,3 @@ def range_advantages(
     if not np.isfinite(out).all():
         raise _too_large(dtype)
     return batch.restore(out)
-
-
-def _range_entry(
-    rewards: ArrayLike | None,
-    offsets: ArrayLike | None = None,
-    *,
-    lo: ArrayLike | None = None,
-    hi: ArrayLike | None = None,
-    **kwargs: Any,
-) -> np.ndarray:
-    """``advantages(None, offsets, method="range", lo=..., hi=...)``."""
-    if rewards is not None:
-        raise ValueError(
-            "method='range' takes reward ranges as `lo` and `hi`; pass None for `rewards` "
-            "(points are the degenerate ranges lo = hi = rewards)."
-        )
-    if lo is None or hi is None:
-        raise TypeError("method='range' needs both `lo` and `hi`.")
-    return range_advantages(lo, hi, offsets, **kwargs)

@@ -67,7 +67,7 @@ from advcal.estimators import (
     reinforce_pp_baseline,
     rloo,
 )
-from advcal.ranges import _range_entry, range_advantages
+from advcal.ranges import range_advantages
 from advcal.resolution import maxnorm
 
 __all__ = [
@@ -180,6 +180,26 @@ class Estimator:
 
 
 # --------------------------------------------------------------------------- scale rules
+
+
+
+def _range_entry(
+    rewards: ArrayLike | None,
+    offsets: ArrayLike | None = None,
+    *,
+    lo: ArrayLike | None = None,
+    hi: ArrayLike | None = None,
+    **kwargs: Any,
+) -> np.ndarray:
+    """``advantages(None, offsets, method="range", lo=..., hi=...)``."""
+    if rewards is not None:
+        raise ValueError(
+            "method='range' takes reward ranges as `lo` and `hi`; pass None for `rewards` "
+            "(points are the degenerate ranges lo = hi = rewards)."
+        )
+    if lo is None or hi is None:
+        raise TypeError("method='range' needs both `lo` and `hi`.")
+    return range_advantages(lo, hi, offsets, **kwargs)
 
 
 def _extremes(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
