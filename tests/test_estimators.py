@@ -155,9 +155,9 @@ def test_std_is_accurate_when_the_first_reward_is_an_outlier(backend, first):
 
 @pytest.mark.parametrize("nan_policy", ["raise", "omit"])
 def test_a_spread_of_a_few_ulps_is_as_exact_as_the_rewards(backend, nan_policy):
-    # Rewards 100 + k·ulp(100).  The reference centres exactly; the numba engine's
-    # fast-math may compute r - (shift + mean), so each centred reward may be off by half
-    # an ulp of the rewards: no more than the rewards' own rounding.
+    # Rewards 100 + k·ulp(100): both engines centre exactly (the numba kernels' deviations
+    # are subtractions LLVM may not reassociate into r - (shift + mean), which would be
+    # off by up to half an ulp of the rewards, a visible part of this spread).
     ulp = np.spacing(100.0)
     k = np.array([0.0, 7.0, 0.0, 14.0, np.nan])
     rewards = (100.0 + k * ulp)[None, :] if nan_policy == "omit" else (100.0 + k[:4] * ulp)[None]
@@ -168,10 +168,7 @@ def test_a_spread_of_a_few_ulps_is_as_exact_as_the_rewards(backend, nan_policy):
            advcal.maxnorm(rewards, tau_res=1e-300, nan_policy=nan_policy,
                           backend=backend)[0, :4] * 8.75]
     for centred in got:  # each in ulps of the rewards
-        if backend == "numpy":
-            np.testing.assert_allclose(centred, dev, rtol=1e-13)
-        else:
-            np.testing.assert_allclose(centred, dev, rtol=0, atol=1.0)
+        np.testing.assert_allclose(centred, dev, rtol=1e-13)
 
 
 def test_float32_point_one_is_exactly_zero_like_the_issue_says(backend):
