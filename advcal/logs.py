@@ -470,7 +470,7 @@ def _keys_arrow(array: Any) -> Any:
     t = array.type
     if pa.types.is_dictionary(t):
         if pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type):
-            array = array.cast(_key_type())
+            array = _compact(array).cast(_key_type())
             empty = pc.equal(array.dictionary, "")
             if not pc.any(empty).as_py():
                 return array
@@ -495,6 +495,22 @@ def _keys_arrow(array: Any) -> Any:
         array = pc.if_else(pc.is_finite(array), array, pa.scalar(None, t))
     text = pc.binary_join_element_wise(f"\x00{tag}:", array.cast(pa.string()), "")
     return pc.dictionary_encode(text).cast(_key_type())
+
+
+def _compact(array: Any) -> Any:
+    """A dictionary array with only the dictionary entries its rows use.  pyarrow's
+    Parquet reader hands each batch the dictionary of its row group so far, so keeping
+    batches as read would hold that dictionary once per batch."""
+    pa = _pa()
+    import pyarrow.compute as pc
+
+    used = pc.unique(array.indices.drop_null())
+    if len(used) == len(array.dictionary):
+        return array
+    lookup = np.zeros(len(array.dictionary), np.int32)
+    lookup[used.to_numpy(zero_copy_only=False)] = np.arange(len(used), dtype=np.int32)
+    indices = pc.take(pa.array(lookup), array.indices)
+    return pa.DictionaryArray.from_arrays(indices, array.dictionary.take(used))
 
 
 def _keys_python(values: Sequence[Any]) -> Any:
@@ -639,6 +655,7 @@ def _floats_arrow(array: Any) -> tuple[np.ndarray, np.ndarray | None]:
     if pa.types.is_dictionary(t):
         # parse the distinct values once, then index: a long repeated string is never
         # copied once per row
+        array = _compact(array)
         floats, bad = _floats_arrow(array.dictionary)
         codes = array.indices.fill_null(0).to_numpy(zero_copy_only=False)
         out = floats[codes] if floats.size else np.full(len(array), np.nan)
