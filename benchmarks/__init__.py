@@ -1,9 +1,21 @@
 """Benchmarks: ``python -m benchmarks [--quick] [--only SUBSTRING]``.
 
 Every ``benchmarks/bench_*.py`` module defines ``cases(quick: bool) -> list[Case]``.  A
-case times several candidates in one run and reports each as a ratio to its baseline
-(the numpy reference engine or a numpy-vectorized peer formulation), since
-ratios measured side by side travel between machines better than seconds.
+case times several candidates in one run and reports each as a ratio to its baseline,
+since ratios measured side by side travel between machines better than seconds.
+
+Baselines are fixed peers: a plain numpy (or numpy + scipy) implementation of the same
+computation written in the benchmark module itself, the frameworks' own code (TRL),
+pyarrow for reading, a memory copy or a trainer's backward pass.  Never advcal's numpy
+engine (``backend="numpy"``, ``advcal/_kernels/*_numpy.py``): that engine is the tests'
+oracle and is free to be as clear, or as slow, as it likes; no ratio or target may bind
+it.  A case's ``check`` runs once before the timing and asserts that the peer computes
+what advcal computes, to a stated tolerance, so that a ratio compares equal work.
+
+The runner gives BLAS one thread (``OPENBLAS_NUM_THREADS=1`` unless set, for the processes
+it starts too; numpy is first imported after it): on a shared machine BLAS's own pool
+mostly measured its threads' contention for the cores.  Candidates that use threads use
+advcal's pool (or torch's, one thread) and say so.
 """
 
 from __future__ import annotations
@@ -13,7 +25,18 @@ import timeit
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
+
+def check_close(what: str, peer: object, ours: object, *, atol: float, why: str,
+                rtol: float = 0.0) -> str:
+    """Assert ``peer`` equals ``ours`` within ``atol + rtol * |ours|`` elementwise (NaN
+    only where NaN); return the note line saying so, ``why`` being the tolerance's reason."""
+    import numpy as np
+
+    np.testing.assert_allclose(np.asarray(peer, dtype=np.float64),
+                               np.asarray(ours, dtype=np.float64), rtol=rtol, atol=atol,
+                               err_msg=f"{what}: the peer does not compute advcal's result")
+    bound = " + ".join([f"atol {atol:.0e}"] * bool(atol) + [f"rtol {rtol:.0e}"] * bool(rtol))
+    return f"checked before timing: {what} within {bound} ({why})"
 
 
 @dataclass
@@ -28,6 +51,13 @@ class Case:
     # A one-shot measurement that returns its own report lines (an end-to-end run too
     # costly to repeat in rounds); ``candidates`` is then empty.
     report: Callable[[], list[str]] | None = None
+    # Run once before the timing: raises AssertionError if a peer's result differs from
+    # advcal's beyond the tolerance it states; returns that statement, printed as a note.
+    check: Callable[[], str] | None = None
+    # Builds the case to run (candidates, notes, check) only once the runner selects it:
+    # a case whose set-up is costly (a model, fresh processes) must not make a run of
+    # other benchmarks (``--only``) pay for it, nor fail with it.
+    build: Callable[[], Case] | None = None
 
 
 @dataclass
@@ -49,6 +79,8 @@ class Rounds:
         machine cancels out of the ratio; the ratio of best times divides two minima that
         may come from different stretches.
         """
+        import numpy as np
+
         if not any(label in group and baseline in group for group in self.together):
             return None
         ratios = np.asarray(self.times[label]) / np.asarray(self.times[baseline])
@@ -62,7 +94,7 @@ def round_times(candidates: dict[str, Callable[[], object]], *, min_total: float
     The rounds interleave the candidates (A, B, C, A, B, C, ...), so that a burst of load
     from elsewhere on the machine (a shared VM) slows every candidate of a round rather
     than one of them: ratios measured side by side stay comparable.  A candidate
-    ``apart`` times slower than the fastest (a numpy reference with large temporaries)
+    ``apart`` times slower than the fastest (a numpy peer with large temporaries)
     gets rounds of its own afterwards: interleaved, the memory it had just freed would slow
     the first touch of the next candidate's output.
     """

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 
-import benchmarks
-from benchmarks import Rounds, round_times
+# Before numpy is first imported (``benchmarks/__init__.py`` imports it lazily): one BLAS
+# thread, so that a numpy peer's batched linear algebra is not timed against BLAS's pool
+# contending for a shared machine's cores.
+for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import benchmarks  # noqa: E402
+from benchmarks import Rounds, round_times  # noqa: E402
 
 
 def _format_time(seconds: float) -> str:
@@ -18,7 +25,7 @@ def _format_time(seconds: float) -> str:
 
 
 def _format_ratio(ratio: float) -> str:
-    # small ratios (a kernel against the numpy reference engine) keep two significant digits
+    # small ratios (a memory copy against a numpy peer) keep two significant digits
     return f"{ratio:7.2f}" if ratio >= 0.1 else f"{ratio:7.4f}"
 
 
@@ -48,14 +55,19 @@ def main() -> None:
         for case in module.cases(args.quick):
             if args.only not in case.name:
                 continue
+            if case.build is not None:
+                case = case.build()
+            # before any timing: a peer that computes something else fails the run
+            checked = [case.check()] if case.check is not None else []
             if case.report is not None:
                 print(f"\n{case.name}" + (f"   [target: {case.target}]" if case.target else ""))
-                for line in case.report():
+                for line in case.report() + checked:
                     print(f"  {line}")
                 continue
             rounds = round_times(case.candidates)
             print(f"\n{case.name}" + (f"   [target: {case.target}]" if case.target else ""))
-            for line in table(rounds, list(case.candidates), case.baseline) + list(case.notes):
+            for line in (table(rounds, list(case.candidates), case.baseline) + list(case.notes)
+                         + checked):
                 print(f"  {line}")
 
 

@@ -1,20 +1,24 @@
-"""maxnorm and resolve_rewards: whole calls and kernels against a numpy-vectorized peer and
-the numpy reference engine, at trainer batch sizes.
+"""maxnorm and resolve_rewards: whole calls and kernels against a plain numpy
+implementation written here, at trainer batch sizes.
 
 Targets: a whole ``maxnorm`` call at 512 x 16 within 15 us and within 0.25x the
-numpy-vectorized peer.  At 2**16 rewards the ratio to the numpy reference engine is printed
-(the memory copy row is information only).
+numpy-vectorized peer; a whole ``resolve_rewards`` call at 512 x 16 within 15 us.  At
+2**16 rewards the kernels and calls are printed as ratios to the numpy-vectorized peer
+(the memory copy row is information only).  Each case checks first that the peers'
+results equal advcal's (``check``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 import advcal
 from advcal._kernels import maxnorm_numba
-from benchmarks import Case, startup_notes
+from benchmarks import Case, check_close, startup_notes
 
 TAU = 0.01
 DELTA = 0.01
@@ -28,13 +32,14 @@ def numpy_maxnorm_dense(x: np.ndarray, tau: float = TAU) -> np.ndarray:
 
 
 def numpy_maxnorm_ragged(x: np.ndarray, offsets: np.ndarray, tau: float = TAU) -> np.ndarray:
-    """Vectorized segment statistics with bincount and reduceat (groups of size >= 2)."""
+    """Segment statistics by ``reduceat``, broadcast back by ``np.repeat`` (groups of size
+    >= 2: reduceat would return an empty group's next element)."""
     sizes = np.diff(offsets)
-    codes = np.repeat(np.arange(sizes.size), sizes)
-    mean = np.bincount(codes, x, sizes.size) / sizes
-    u = (x - mean[codes]) * (sizes / (sizes - 1))[codes]
-    s = np.maximum(np.maximum.reduceat(np.abs(u), offsets[:-1]), tau)
-    return u / s[codes]
+    starts = offsets[:-1]
+    u = (x - np.repeat(np.add.reduceat(x, starts) / sizes, sizes)) * np.repeat(
+        sizes / (sizes - 1), sizes)
+    s = np.maximum(np.maximum.reduceat(np.abs(u), starts), tau)
+    return u / np.repeat(s, sizes)
 
 
 def numpy_bin(x: np.ndarray, lo: float = 0.0, hi: float = 1.0, delta: float = DELTA
@@ -55,6 +60,40 @@ def numpy_resolve_ragged(x: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray
     b = numpy_bin(x)
     starts = offsets[:-1]
     return b, np.minimum.reduceat(b, starts) != np.maximum.reduceat(b, starts)
+
+
+def binned(maxnorm: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:
+    """A MaxNorm peer on the binned rewards, as ``maxnorm(..., resolution=DELTA)``."""
+    return maxnorm(numpy_bin(x))
+
+
+def check(args: tuple[np.ndarray, ...], maxnorm: Callable[[np.ndarray], np.ndarray],
+          resolve: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]) -> str:
+    """The peers ``maxnorm`` and ``resolve`` (of the rewards ``args[0]``) against advcal
+    called on ``args``.
+
+    Binned rewards use advcal's grid formula (the bin index divided by 1/delta): they and
+    ``keep`` must be equal exactly.  MaxNorm sums at most n rewards in float64 in another
+    order (advcal shifts by the group's first reward): u = (x - mean) n / (n - 1) differs by
+    at most about 4 n eps64 max|x|, and u / s by twice that over s = max(max |u|, tau) >= tau.
+    """
+    x = args[0]
+    ours = advcal.resolve_rewards(*args, resolution=DELTA)
+    binned, keep = resolve(x)
+    np.testing.assert_array_equal(binned, ours.rewards,
+                                  err_msg="numpy_bin does not bin as advcal does")
+    np.testing.assert_array_equal(keep, ours.keep, err_msg="keep differs from advcal's")
+    n = x.shape[1] if x.ndim == 2 else int(np.diff(args[1]).max())
+    atol = 16 * n * np.finfo(np.float64).eps * float(np.abs(x).max()) / TAU
+    why = "float64 sums of <= n rewards in another order, over tau_res"
+    check_close("numpy-vectorized peer = advcal.maxnorm", maxnorm(x),
+                advcal.maxnorm(*args, tau_res=TAU), atol=atol, why=why)
+    check_close("numpy-vectorized peer, resolution 0.01 = advcal.maxnorm(resolution=0.01)",
+                maxnorm(numpy_bin(x)), advcal.maxnorm(*args, tau_res=TAU, resolution=DELTA),
+                atol=atol, why=why)
+    return (f"checked before timing: the peers' binned rewards and keep = advcal's exactly; "
+            f"their maxnorm = advcal.maxnorm, with and without resolution, within atol "
+            f"{atol:.0e} ({why})")
 
 
 def _maxnorm_kernel(x: np.ndarray, offsets: np.ndarray, resolution: float = 0.0) -> object:
@@ -83,15 +122,16 @@ def cases(quick: bool) -> list[Case]:
             {
                 "advcal.maxnorm (numba)": lambda: advcal.maxnorm(small, tau_res=TAU),
                 "numpy-vectorized peer": lambda: numpy_maxnorm_dense(small),
-                "advcal.maxnorm (backend='numpy')": lambda: advcal.maxnorm(
-                    small, tau_res=TAU, backend="numpy"),
                 "advcal.maxnorm, resolution 0.01": lambda: advcal.maxnorm(
                     small, tau_res=TAU, resolution=DELTA),
+                "numpy-vectorized peer, resolution 0.01": functools.partial(
+                    binned, numpy_maxnorm_dense, small),
                 "memory copy": lambda: small.copy(),
             },
             baseline="numpy-vectorized peer",
             target="advcal.maxnorm <= 15 us and <= 0.25x numpy-vectorized peer",
             notes=[] if quick else startup_notes("maxnorm", FIRST_MAXNORM),
+            check=lambda: check((small,), numpy_maxnorm_dense, numpy_resolve_dense),
         ),
         Case(
             "resolve_rewards, dense 512 x 16, whole public call",
@@ -99,12 +139,11 @@ def cases(quick: bool) -> list[Case]:
                 "advcal.resolve_rewards (numba)": lambda: advcal.resolve_rewards(
                     small, resolution=DELTA),
                 "numpy-vectorized peer": lambda: numpy_resolve_dense(small),
-                "advcal.resolve_rewards (backend='numpy')": lambda: advcal.resolve_rewards(
-                    small, resolution=DELTA, backend="numpy"),
                 "memory copy": lambda: small.copy(),
             },
             baseline="numpy-vectorized peer",
             target="advcal.resolve_rewards <= 15 us",
+            check=lambda: check((small,), numpy_maxnorm_dense, numpy_resolve_dense),
         ),
     ]
     n = 1 << (12 if quick else 16)
@@ -116,38 +155,42 @@ def cases(quick: bool) -> list[Case]:
     sizes[-1] += n - int(sizes.sum())
     ragged_offsets = advcal.offsets_from_sizes(sizes)
     exp = n.bit_length() - 1
-    for layout, offsets, peer_maxnorm, peer_resolve, args in (
-        ("dense groups of 16", dense_offsets, lambda: numpy_maxnorm_dense(dense),
-         lambda: numpy_resolve_dense(dense), (dense,)),
-        ("ragged groups of 2..30", ragged_offsets,
-         lambda: numpy_maxnorm_ragged(big, ragged_offsets),
-         lambda: numpy_resolve_ragged(big, ragged_offsets), (big, ragged_offsets)),
-    ):
+    for layout, offsets, args in (("dense groups of 16", dense_offsets, (dense,)),
+                                  ("ragged groups of 2..30", ragged_offsets,
+                                   (big, ragged_offsets))):
+        if len(args) == 1:
+            peer_maxnorm, peer_resolve = numpy_maxnorm_dense, numpy_resolve_dense
+        else:
+            peer_maxnorm = functools.partial(numpy_maxnorm_ragged, offsets=ragged_offsets)
+            peer_resolve = functools.partial(numpy_resolve_ragged, offsets=ragged_offsets)
+        x = args[0]
+        checked = functools.partial(check, args, peer_maxnorm, peer_resolve)
         out.append(Case(
             f"maxnorm, 2**{exp} float64 rewards, {layout}",
             {
-                "numpy reference engine": lambda a=args: advcal.maxnorm(
-                    *a, tau_res=TAU, backend="numpy"),
-                "numba kernel": lambda o=offsets: _maxnorm_kernel(big, o),
-                "numba kernel, resolution 0.01": lambda o=offsets: _maxnorm_kernel(
-                    big, o, DELTA),
-                "advcal.maxnorm public call": lambda a=args: advcal.maxnorm(*a, tau_res=TAU),
-                "numpy-vectorized peer": peer_maxnorm,
-                "memory copy": lambda: big.copy(),
+                "numba kernel": functools.partial(_maxnorm_kernel, big, offsets),
+                "numba kernel, resolution 0.01": functools.partial(
+                    _maxnorm_kernel, big, offsets, DELTA),
+                "advcal.maxnorm public call": functools.partial(advcal.maxnorm, *args,
+                                                                tau_res=TAU),
+                "numpy-vectorized peer": functools.partial(peer_maxnorm, x),
+                "numpy-vectorized peer, resolution 0.01": functools.partial(
+                    binned, peer_maxnorm, x),
+                "memory copy": big.copy,
             },
-            baseline="numpy reference engine",
+            baseline="numpy-vectorized peer",
+            check=checked,
         ))
         out.append(Case(
             f"resolve_rewards, 2**{exp} float64 rewards, {layout}",
             {
-                "numpy reference engine": lambda a=args: advcal.resolve_rewards(
-                    *a, resolution=DELTA, backend="numpy"),
-                "numba kernel": lambda o=offsets: _resolve_kernel(big, o),
-                "advcal.resolve_rewards public call": lambda a=args: (
-                    advcal.resolve_rewards(*a, resolution=DELTA)),
-                "numpy-vectorized peer": peer_resolve,
-                "memory copy": lambda: big.copy(),
+                "numba kernel": functools.partial(_resolve_kernel, big, offsets),
+                "advcal.resolve_rewards public call": functools.partial(
+                    advcal.resolve_rewards, *args, resolution=DELTA),
+                "numpy-vectorized peer": functools.partial(peer_resolve, x),
+                "memory copy": big.copy,
             },
-            baseline="numpy reference engine",
+            baseline="numpy-vectorized peer",
+            check=checked,
         ))
     return out
