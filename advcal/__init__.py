@@ -13,7 +13,6 @@ from advcal.analysis import (
     recovery_path,
     training_summary,
 )
-from advcal.artefacts import load_calibration, save_calibration
 from advcal.baselines import KLCompensated, grpo_kl_comp, huber_scale, mad_scale, p90_scale
 from advcal.bounds import risk_p_value, ucb
 from advcal.conformal import (
@@ -41,6 +40,7 @@ from advcal.estimators import (
     reinforce_pp_baseline,
     rloo,
 )
+from advcal.io.artefacts import load_calibration, save_calibration
 from advcal.layouts import GroupIndex, groups_from_ids, offsets_from_sizes
 from advcal.ranges import range_advantages
 from advcal.recovery import Recovery, recover

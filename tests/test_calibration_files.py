@@ -33,7 +33,7 @@ from advcal import (
     save_calibration,
     select_threshold,
 )
-from advcal.artefacts import JSON_COST, MAX_BYTES, MAX_MEMBERS
+from advcal.io.artefacts import JSON_COST, MAX_BYTES, MAX_MEMBERS
 from advcal.simulate import gram_matrices, paired_scorings
 from tests.checks import ADVCAL_DIR
 
@@ -153,7 +153,7 @@ def isolated(code: str, memory: int = 768 << 20, timeout: float = 120) -> dict[s
     machine); ``code`` sets ``result`` to a JSON-able dict."""
     script = (
         "import json, resource, sys, traceback, tracemalloc\n"
-        "import advcal, advcal.artefacts, advcal.logs\n"
+        "import advcal, advcal.io.artefacts, advcal.io.logs\n"
         "vm = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize'))"
         ".split()[1]) * 1024\n"
         f"resource.setrlimit(resource.RLIMIT_AS, (vm + {memory}, resource.RLIM_INFINITY))\n"

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from advcal import logs
 from advcal.cli import EXIT_CLOSED_PIPE, EXIT_INTERRUPTED, main
+from advcal.io import _npz, logs
 from advcal.simulate import gram_matrices, paired_scorings
 
 pytest.importorskip("pyarrow")  # the log readers
@@ -280,10 +280,11 @@ def test_whatever_a_reader_raises_for_a_bad_file_is_one_line(
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise error
 
-    from advcal import _calibrate
+    from advcal.cli import calibrate as _calibrate
 
-    for target in ("read_log", "read_columns", "_read_arrays"):
+    for target in ("read_log", "read_columns"):
         monkeypatch.setattr(logs, target, fail)
+    monkeypatch.setattr(_npz, "_read_arrays", fail)
     monkeypatch.setattr(_calibrate, "load_calibration", fail)
     log, out = str(files["log"]), str(files["tmp"] / "o.npz")
     for argv in (["diagnose", log], ["calibrate", "sets", log, "-o", out],
@@ -494,9 +495,9 @@ def test_outputs_that_are_not_regular_files_are_refused(
     assert not (files["tmp"] / "elsewhere.npz").exists()
     assert not [p for p in files["tmp"].iterdir() if p.name.endswith(".tmp")]
     # a target made non-regular after the check: save_calibration refuses it, in one line
-    from advcal import _calibrate
+    from advcal.cli import calibrate as _calibrate
 
-    monkeypatch.setattr(_calibrate, "_check_out", lambda path, option: None)
+    monkeypatch.setattr(_calibrate, "check_out", lambda path, option: None)
     for name, target in targets.items():
         err = bad(capsys, "calibrate", "sets", log, "-o", str(target))
         assert str(target) in err and f"a {name}" in err and "refusing" in err, err
@@ -506,7 +507,7 @@ def test_outputs_that_are_not_regular_files_are_refused(
 
 def test_output_in_a_missing_folder_is_refused_before_the_work(
         files: dict[str, Path], capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from advcal import _calibrate
+    from advcal.cli import calibrate as _calibrate
 
     def no_work(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the work started before -o was checked")
@@ -535,7 +536,7 @@ def test_bad_sets_file_names_itself_and_fails_before_the_work(
     def no_work(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the .npz was read before --sets")
 
-    monkeypatch.setattr(logs, "_read_arrays", no_work)
+    monkeypatch.setattr(_npz, "_read_arrays", no_work)
     out = str(files["tmp"] / "o.npz")
     good = files["sets"].read_bytes()
     corrupt = {}

@@ -1,4 +1,4 @@
-"""advcal.logs on hostile and awkward files: only regular files are opened, every reader has
+"""advcal.io.logs on hostile and awkward files: only regular files are opened, every reader has
 a documented bound (``max_bytes``) checked as it streams, valid logs with long rows, wide
 headers or a stray byte are read (the bad row skipped and counted), and only ASCII
 numbers count as numbers."""
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from advcal.logs import LogError, read_columns, read_log
+from advcal.io.logs import LogError, read_columns, read_log
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -48,11 +48,11 @@ def peak_rss(code: str, *args: str) -> tuple[int, int, str]:
            ".split()[1]) * 1024")
     script = "\n".join([
         "import sys",
-        "import advcal.logs, pyarrow.csv, pyarrow.json, pyarrow.parquet",
+        "import advcal.io.logs, pyarrow.csv, pyarrow.json, pyarrow.parquet",
         f"before = {hwm}",
         "try:",
         textwrap.indent(textwrap.dedent(code).strip(), "    "),
-        "except advcal.logs.LogError as exc:",
+        "except advcal.io.logs.LogError as exc:",
         "    print('LogError:', exc)",
         f"after = {hwm}",
         "print(before, after)"])
@@ -186,14 +186,14 @@ def test_peak_memory_of_hostile_files(tmp_path):
     bomb = tmp_path / "bomb.csv.gz"
     bomb.write_bytes(gz_bytes([b"group,reward\n", b"a,1\n" * (1 << 20)], repeat=50))
     before, after, out = peak_rss(
-        "advcal.logs.read_log(sys.argv[1], max_bytes=32 << 20)", str(bomb))
+        "advcal.io.logs.read_log(sys.argv[1], max_bytes=32 << 20)", str(bomb))
     assert after - before < 2 * 32 * MiB + READ_BUFFERS, (before, after)
     assert out.startswith("LogError:"), out
     # one 200 MB line in 200 KB of gzip: dropped as it streams (longest line 64 MiB)
     line = tmp_path / "line.jsonl.gz"
     line.write_bytes(gz_bytes([b'{"group": "a", "reward": 1, "pad": "', b"x" * MiB, ],
                               repeat=200) + gzip.compress(b'"}\n{"group": "a", "reward": 2}\n'))
-    before, after, out = peak_rss("print(advcal.logs.read_log(sys.argv[1]).rewards)", str(line))
+    before, after, out = peak_rss("print(advcal.io.logs.read_log(sys.argv[1]).rewards)", str(line))
     assert after - before < 2 * 64 * MiB + READ_BUFFERS, (before, after)
     assert out == "[2.]", out
     # a 1 MB id on each of 500 rows, dictionary-encoded in the file: held once, not 500 times
@@ -201,7 +201,7 @@ def test_peak_memory_of_hostile_files(tmp_path):
     pq.write_table(pa.table({"group": ["g" * MiB] * 500, "reward": np.arange(500.0)}), ids,
                    compression="zstd")
     before, after, out = peak_rss(
-        "print(advcal.logs.read_log(sys.argv[1]).offsets.tolist())", str(ids))
+        "print(advcal.io.logs.read_log(sys.argv[1]).offsets.tolist())", str(ids))
     assert after - before < READ_BUFFERS, (before, after)
     assert out == "[0, 500]", out
 
@@ -337,7 +337,7 @@ def test_parquet_ids_read_encoded_keep_the_bad_row_rules(tmp_path):
 def test_parquet_batches_hold_only_their_own_ids(tmp_path, monkeypatch):
     # pyarrow hands each batch of a row group the dictionary read so far; kept as read,
     # 220 batches would hold 160 MB of ids for 1.5 MB of distinct ones
-    import advcal.logs as logs
+    from advcal.io import _common
 
     n = 200_000
     prompts = [f"prompt {i // 8:06d} " + "x" * 50 for i in range(n)]
@@ -345,7 +345,7 @@ def test_parquet_batches_hold_only_their_own_ids(tmp_path, monkeypatch):
     path = tmp_path / "trl.parquet"
     pq.write_table(pa.table({"step": np.ones(n, np.int64), "prompt": prompts,
                              "accuracy": rewards}), path, row_group_size=n)
-    monkeypatch.setattr(logs, "_BLOCK", 64 << 10)
+    monkeypatch.setattr(_common, "_BLOCK", 64 << 10)
     log = read_log(path, preset="trl", max_bytes=64 * MiB)
     assert log.n_groups == n // 8
     assert np.array_equal(log.offsets, np.arange(0, n + 1, 8))

@@ -1,4 +1,4 @@
-"""advcal.logs: reading verl- and TRL-shaped reward logs (clean and messy, compressed),
+"""advcal.io.logs: reading verl- and TRL-shaped reward logs (clean and messy, compressed),
 checked against the array API; malformed files are one-line LogErrors."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from advcal import scale_diagnostics
-from advcal.logs import PRESETS, LogError, detect_format, read_columns, read_log
+from advcal.io.logs import PRESETS, LogError, detect_format, read_columns, read_log
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -156,9 +156,9 @@ def test_bad_rows_all_the_way_with_on_bad_row_error(tmp_path):
 
 def test_many_rows_across_blocks_and_one_broken_line(tmp_path, monkeypatch):
     # small blocks: the broken line sits in one block, found by halving it
-    import advcal.logs as logs
+    from advcal.io import _common
 
-    monkeypatch.setattr(logs, "_BLOCK", 4096)
+    monkeypatch.setattr(_common, "_BLOCK", 4096)
     rng = np.random.default_rng(1)
     n = 5000
     groups = rng.integers(0, 700, n)
@@ -505,9 +505,9 @@ def test_read_columns_labels_keep_their_type(tmp_path, kind):
 
 def test_read_columns_across_blocks_keeps_types_and_order(tmp_path, monkeypatch):
     # small blocks: pyarrow parses the integer blocks, the mixed ones go line by line
-    import advcal.logs as logs
+    from advcal.io import _common
 
-    monkeypatch.setattr(logs, "_BLOCK", 4096)
+    monkeypatch.setattr(_common, "_BLOCK", 4096)
     rng = np.random.default_rng(3)
     n = 4000
     labels: list = [int(c) for c in rng.integers(0, 5, n)]

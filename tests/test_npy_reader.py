@@ -1,4 +1,4 @@
-"""advcal's one .npy/.npz reader (``advcal._npy``), used by the calibration files and the array
+"""advcal's one .npy/.npz reader (``advcal.io._npy``), used by the calibration files and the array
 logs: equal to ``numpy.load`` on what numpy writes; bounded memory (the array it returns plus
 one read chunk, refused past the limit before reading); and every malformed input a one-line
 ``LogError`` from the log readers."""
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from advcal import _npy, logs
-from advcal.logs import LogError, read_log
+from advcal.io import _common, _npy, _npz
+from advcal.io.logs import LogError, read_log
 
 pa = pytest.importorskip("pyarrow")  # read_log's readers
 
@@ -156,7 +156,7 @@ def test_big_endian_array_is_swapped_in_place(tmp_path: Path) -> None:
     np.save(path, values)
     tracemalloc.start()
     try:
-        arrays = logs._read_arrays(path, "npy", 1 << 30)
+        arrays = _npz._read_arrays(path, "npy", 1 << 30)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -231,10 +231,10 @@ def test_member_count_is_capped_before_the_directory_is_read(tmp_path: Path) -> 
     buf = io.BytesIO()
     np.save(buf, np.ones((2, 2)))
     contents = {"rewards.npy": buf.getvalue()}
-    contents.update({f"x{i}.npy": b"" for i in range(logs._NPZ_MEMBERS)})
+    contents.update({f"x{i}.npy": b"" for i in range(_common._NPZ_MEMBERS)})
     path = write_npz(tmp_path / "m.npz", contents)
-    assert f"the archive has {logs._NPZ_MEMBERS + 1:,} members, over the limit of " \
-           f"{logs._NPZ_MEMBERS:,}" in log_error(path)
+    assert f"the archive has {_common._NPZ_MEMBERS + 1:,} members, over the limit of " \
+           f"{_common._NPZ_MEMBERS:,}" in log_error(path)
 
 
 def test_npz_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
@@ -245,7 +245,7 @@ def test_npz_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
 
     def target() -> None:
         try:
-            logs._read_arrays(fifo, "npz", 1 << 20)
+            _npz._read_arrays(fifo, "npz", 1 << 20)
         except BaseException as exc:  # noqa: BLE001 - inspected below
             outcome.append(exc)
 

@@ -1,6 +1,6 @@
 """One bounded, pickle-free reader of NumPy's ``.npy`` data: ``.npy`` files and the members of
-``.npz`` (zip) archives, for the calibration files of :mod:`advcal.artefacts` and the array
-logs of :mod:`advcal.logs`.
+``.npz`` (zip) archives, for the calibration files of :mod:`advcal.io.artefacts` and the array
+logs of :mod:`advcal.io.logs`.
 
 Bounds, all checked before the data is read:
 
