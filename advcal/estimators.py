@@ -347,6 +347,9 @@ def _whitened_responses(call: _Call) -> np.ndarray | None:
     group's lone valid response unless ``singleton="raw"`` keeps its reward.  TRL's
     leave-one-out advantage of a lone scorable completion is 0/0 = NaN, which its
     nan-aware whitening leaves out and then sets to 0."""
+    dense = call.batch.shape
+    if not call.omit and (call.raw or (dense is not None and dense[-1] != 1)):
+        return None  # every response whitened (the common call: no group count taken)
     counts = valid_counts(call.batch, call.omit)
     lone = (counts == 1).any() and not call.raw
     if not (call.omit or lone):
@@ -555,11 +558,14 @@ def reinforce_pp_baseline(
     out = np.zeros(values.shape)
     if scale > 0:
         z = u if k == 0 else np.ldexp(u, -k)
-        with np.errstate(over="ignore"):
+        if std_norm:  # whitened: |out| is at most about sqrt(W / w), no overflow
             out = np.where(weights > 0, (z - mean) / scale, 0.0)
-        if not (np.abs(out) <= _limit(call)).all():
-            raise ValueError("`rewards`: an advantage overflows the output dtype (the "
-                             "rewards' spread is too large for `std_norm=False`).")
+        else:
+            with np.errstate(over="ignore"):
+                out = np.where(weights > 0, (z - mean) / scale, 0.0)
+            if not (np.abs(out) <= _limit(call)).all():
+                raise ValueError("`rewards`: an advantage overflows the output dtype (the "
+                                 "rewards' spread is too large for `std_norm=False`).")
     return out.astype(centered.dtype, copy=False)
 
 
