@@ -77,6 +77,28 @@ def test_dr_grpo_and_rloo_hand_example(backend):
                                [1.0, -0.5, -0.5, 2.0, -2.0], rtol=1e-15)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rloo_batch_scale_leaves_lone_responses_out(backend, dtype):
+    # Group [1, 0, 1]: RLOO advantages 3/2 * (r - 2/3) = (0.5, -1, 0.5); the lone [5]
+    # has none (0/0 in TRL): left out of the whitening (mean 0, std sqrt(0.75)), given 0.
+    rewards = np.array([1.0, 0.0, 1.0, 5.0], dtype=dtype)
+    got = rloo(rewards, [0, 3, 4], scale="batch", eps=0.0, backend=backend)
+    assert got.dtype == dtype
+    tol = 4 * np.finfo(dtype).eps
+    np.testing.assert_allclose(got, np.array([0.5, -1.0, 0.5, 0.0]) / math.sqrt(0.75),
+                               rtol=tol)
+    assert got[3] == 0.0
+    # The same lone response by NaN omission; with singleton="raw" it keeps its reward 5
+    # and is whitened with the others: (0.5, -1, 0.5, 5) has mean 1.25, std sqrt(6.75).
+    omitted = np.array([1.0, 0.0, 1.0, 5.0, np.nan], dtype=dtype)
+    np.testing.assert_allclose(
+        rloo(omitted, [0, 3, 5], scale="batch", eps=0.0, nan_policy="omit",
+             backend=backend), np.append(got, 0.0), rtol=tol)
+    raw = rloo(rewards, [0, 3, 4], scale="batch", eps=0.0, singleton="raw", backend=backend)
+    np.testing.assert_allclose(raw, (np.array([0.5, -1.0, 0.5, 5.0]) - 1.25) / math.sqrt(6.75),
+                               rtol=tol)
+
+
 def test_batch_std_hand_example(backend):
     # batch mean 1.5, deviations (-1.5, 0.5, -0.5, 1.5): ss = 5, std = sqrt(5/3)
     out = batch_std([[0.0, 2.0], [1.0, 3.0]], eps=0.0, backend=backend)
