@@ -84,7 +84,10 @@ def test_bfloat16_logits_are_rounded_as_trl_rounds_them() -> None:
     start = head_start(objectives)
     assert start is not None
     (expected,) = torch.autograd.grad(objectives.sum(), start[0], retain_graph=True)
-    torch.testing.assert_close(start[1], expected, rtol=1e-5, atol=1e-6)
+    # TRL's backward and head_start round the same float32 products; what differs is the
+    # order of a few float32 sums: errors of order 2^-24 times the largest entry.
+    torch.testing.assert_close(start[1], expected, rtol=1e-5,
+                               atol=1e-5 * float(expected.abs().max()))
 
 
 @pytest.mark.parametrize("route", ["materialise", "pairs"])
@@ -101,8 +104,11 @@ def test_the_gram_matrix_is_unchanged(monkeypatch, route) -> None:
         start = head_start(objectives) if shortcut else None
         assert (start is not None) == shortcut
         grams.append(capture.gram(objectives, group_size=3, start=start))
-    # the head's module never runs, so K covers the two MLP layers in both
-    np.testing.assert_allclose(grams[0], grams[1], rtol=1e-5, atol=1e-8)
+    # the head's module never runs, so K covers the two MLP layers in both; the start's
+    # gradient is accumulated in float32 as TRL's is, so entries differ by float32
+    # roundings of the largest: a bound relative to max |K|, not to each entry
+    np.testing.assert_allclose(grams[0], grams[1], rtol=0,
+                               atol=1e-5 * np.abs(grams[1]).max())
     assert np.abs(grams[1]).max() > 0
 
 
