@@ -9,7 +9,7 @@ wrote (see ``docs/conformal.md``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from types import MappingProxyType
@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from advcal import _fields
+from advcal._float_search import first_float, last_float
 from advcal._validation import as_float_array, check_bounds, check_choice, check_int, check_real
 from advcal.layouts import label_key, numpy_keeps_labels
 
@@ -233,115 +234,12 @@ class LabelMapping(Mapping[Any, float]):
 # float too wide or too narrow for that, so each endpoint is searched among the floats:
 # the scores are monotone in y on each side, so the set is an interval of floats.
 
-_SIGN = np.int64(-(2**63))
-_MAGNITUDE = np.int64(2**63 - 1)
-
-
-def _float_key(x: np.ndarray) -> np.ndarray:
-    """Order-preserving int64 code of float64 values: adjacent floats differ by 1."""
-    bits = np.ascontiguousarray(x, dtype=np.float64).view(np.int64)
-    magnitude = bits & _MAGNITUDE
-    return np.where(bits < 0, -magnitude, magnitude)  # -0.0 and 0.0 share code 0
-
-
-def _key_float(key: np.ndarray) -> np.ndarray:
-    return np.where(key < 0, (-key) | _SIGN, key).view(np.float64)
-
-
-def _last_true(holds: Callable[[np.ndarray, Any], np.ndarray], start: np.ndarray,
-               low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """Per element, the largest code in ``[low, high]`` where ``holds`` is true.
-
-    ``holds(codes, index)`` tests the elements ``index`` (a slice or an index array) and
-    must be monotone in the code (true, then false).  ``low - 1`` where it holds nowhere.
-    The float formula ``start`` is usually the answer or next to it: two passes over all
-    elements settle those, and the few left gallop from there, then bisect.
-    """
-    everything = slice(None)
-    probe = np.clip(start, low, high)
-    ok = holds(probe, everything)
-    side = np.where(ok, np.minimum(probe + 1, high), np.maximum(probe - 1, low))
-    ok_side = holds(side, everything)
-    # Invariant below: holds at true_at (low - 1 counts as true), fails at false_at.
-    true_at = np.where(ok, np.where(ok_side, side, probe), np.where(ok_side, side, low - 1))
-    false_at = np.where(ok, np.where(ok_side, high + 1, side), np.where(ok_side, probe, side))
-    # At high, side is probe itself: high + 1 stays the (virtual) first failure.
-    seen_true = ok | ok_side
-    seen_false = ~ok | ~ok_side
-    # The gap can exceed int64 for bounds of opposite sign near the float limits.
-    gap = false_at.astype(np.uint64) - true_at.astype(np.uint64)
-    index = np.flatnonzero(gap > 1)
-    step = np.full(index.size, 2, dtype=np.int64)
-    while index.size:
-        t, f = true_at[index], false_at[index]
-        gap = f.astype(np.uint64) - t.astype(np.uint64)
-        jump = np.minimum(step.astype(np.uint64), gap - 1).astype(np.int64)
-        half = (gap // 2).astype(np.int64)
-        st, sf = seen_true[index], seen_false[index]
-        at = np.where(st & sf, t + half, np.where(st, t + jump, f - jump))
-        ok = holds(at, index)
-        true_at[index[ok]] = at[ok]
-        seen_true[index[ok]] = True
-        false_at[index[~ok]] = at[~ok]
-        seen_false[index[~ok]] = True
-        gap = false_at[index].astype(np.uint64) - true_at[index].astype(np.uint64)
-        live = gap > 1
-        index, step = index[live], np.minimum(step[live] * 2, 2**62)
-    return true_at
-
-
-def _last_float(holds: Callable[[np.ndarray, Any], np.ndarray], guess: np.ndarray,
-                low: float, high: float) -> np.ndarray:
-    """The largest float y in ``[low, high]`` with ``holds(y, index)`` (monotone in y:
-    true, then false), per element; NaN where there is none.
-
-    The guess is checked with its neighbour first (one pass, the answer nearly always);
-    the rest are searched among the float codes.
-    """
-    everything = slice(None)
-    y = np.clip(guess, low, high)
-    ok = holds(y, everything)
-    with np.errstate(over="ignore", invalid="ignore"):
-        side = np.where(ok, np.nextafter(y, np.inf), np.nextafter(y, -np.inf))
-        ok_side = holds(side, everything)
-    done = np.where(ok, (y == high) | ~ok_side, ok_side & (y > low))
-    y = np.where(ok, y, side)
-    rest = np.flatnonzero(~done)
-    if rest.size:
-        lo_code, hi_code = _float_key(np.array([low, high]))
-        code = _last_true(lambda k, i: holds(_key_float(k), rest[i]), _float_key(y[rest]),
-                          np.full(rest.size, lo_code), np.full(rest.size, hi_code))
-        y[rest] = np.where(code < lo_code, np.nan, _key_float(code))
-    return y + 0.0  # -0.0 prints as "-0."
-
-
-def _first_float(holds: Callable[[np.ndarray, Any], np.ndarray], guess: np.ndarray,
-                 low: float, high: float) -> np.ndarray:
-    """:func:`_last_float` mirrored: the smallest y where ``holds`` (false, then true)."""
-    everything = slice(None)
-    y = np.clip(guess, low, high)
-    ok = holds(y, everything)
-    with np.errstate(over="ignore", invalid="ignore"):
-        side = np.where(ok, np.nextafter(y, -np.inf), np.nextafter(y, np.inf))
-        ok_side = holds(side, everything)
-    done = np.where(ok, (y == low) | ~ok_side, ok_side & (y < high))
-    y = np.where(ok, y, side)
-    rest = np.flatnonzero(~done)
-    if rest.size:
-        lo_code, hi_code = _float_key(np.array([low, high]))
-        # The float axis reversed: the last code where the test holds.
-        code = _last_true(lambda k, i: holds(_key_float(-k), rest[i]), -_float_key(y[rest]),
-                          np.full(rest.size, -hi_code), np.full(rest.size, -lo_code))
-        y[rest] = np.where(code < -hi_code, np.nan, _key_float(-code))
-    return y + 0.0
-
-
 def _largest_quotient(q: np.ndarray, sigma: np.ndarray, strict: bool) -> np.ndarray:
     """The largest float d with ``fl(d / sigma) <= q`` (``< q`` if ``strict``)."""
     compare = np.less if strict else np.less_equal
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         guess = np.where(np.isfinite(q), q * sigma, np.inf)
-        return _last_float(lambda d, i: compare(d / sigma[i], q[i]), guess, -np.inf, np.inf)
+        return last_float(lambda d, i: compare(d / sigma[i], q[i]), guess, -np.inf, np.inf)
 
 
 def _sum_guess(centre: np.ndarray, r: np.ndarray, sign: float) -> np.ndarray:
@@ -377,8 +275,8 @@ def _exact_interval(method: str, inputs: _ScoreInputs, radius: np.ndarray,
         r = np.nextafter(q, -np.inf) if strict else q  # fl(x) < q iff fl(x) <= prev(q)
     low, high = bounds
     with np.errstate(over="ignore", invalid="ignore"):
-        hi = _last_float(lambda y, i: y - up[i] <= r[i], _sum_guess(up, r, 1.0), low, high)
-        lo = _first_float(lambda y, i: down[i] - y <= r[i], _sum_guess(down, r, -1.0), low,
+        hi = last_float(lambda y, i: y - up[i] <= r[i], _sum_guess(up, r, 1.0), low, high)
+        lo = first_float(lambda y, i: down[i] - y <= r[i], _sum_guess(down, r, -1.0), low,
                           high)
     empty = np.isnan(lo) | np.isnan(hi) | (lo > hi)
     lo = np.where(empty, low, lo)
