@@ -701,7 +701,7 @@ def test_plot_without_matplotlib_is_a_clear_error(capsys, tmp_path, monkeypatch)
 
 
 def test_read_progress_shows_only_after_the_delay(monkeypatch):
-    import advcal.cli as cli
+    from advcal.cli import _output as cli
 
     stream = io.StringIO()
     monkeypatch.setattr(cli.sys, "stderr", stream)
@@ -736,3 +736,38 @@ def test_installed_console_script(tmp_path):
     assert bad.stdout == ""
     assert bad.stderr.strip().endswith("no such file")
     assert bad.stderr.count("\n") == 1
+
+
+# --------------------------------------------------------------------------- docs
+
+
+def _options(parser, command: str):
+    """(command, option string) of every option of ``parser`` and of its subcommands."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _options(child, f"{command} {name}")
+        else:
+            for option in action.option_strings:
+                yield command, option
+
+
+def test_every_option_is_documented():
+    # Every flag of every command is on its page, as the start of a code span (`--alpha`,
+    # `--bounds LOW HIGH`): `advcal calibrate` on the calibration page, the rest on cli.md.
+    from advcal.cli import build_parser
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    pages = {"cli.md": (docs / "cli.md").read_text(encoding="utf-8"),
+             "calibration.md": (docs / "calibration.md").read_text(encoding="utf-8")}
+    options = list(_options(build_parser(), "advcal"))
+    assert {"--alpha", "--bounds", "--gram-col", "--methods", "-o", "--out"} <= {
+        option for _, option in options}
+    missing = []
+    for command, option in options:
+        page = "calibration.md" if command.startswith("advcal calibrate") else "cli.md"
+        if not re.search(r"`" + re.escape(option) + r"[` ]", pages[page]):
+            missing.append(f"{command} {option} (docs/{page})")
+    assert not missing, "options on no page: " + ", ".join(missing)

@@ -206,3 +206,115 @@ def test_scorings_outside_a_set_estimators_bounds_are_named() -> None:
     clipped = calibrate_sets(pair.a, pair.b, alpha=0.2, estimator="maxnorm",
                              options={**options, "clip": True})
     assert calibration_drift(clipped, high, high).n == 20  # clipping takes them in
+
+
+# --------------------------------------------------------------------------- cross-fitting
+
+
+def test_select_groups_takes_groups_in_the_order_given() -> None:
+    from advcal._blocks import block_offsets
+    from advcal.drift import select_groups
+
+    values = np.arange(10.0)
+    offsets = np.array([0, 2, 5, 9, 10])
+    got, off = select_groups(values, offsets, np.array([2, 0]))
+    np.testing.assert_array_equal(got, [5, 6, 7, 8, 0, 1])
+    np.testing.assert_array_equal(off, [0, 4, 6])
+    got, off = select_groups(values, offsets, np.array([], dtype=np.int64))
+    assert got.size == 0 and off.tolist() == [0]
+    # the Gram blocks of groups 3 and 1 (sizes 1 and 3): block offsets select them too
+    sizes = np.diff(offsets)
+    gram = np.arange(float(np.sum(sizes ** 2)))  # 4 + 9 + 16 + 1 values
+    blocks, boff = select_groups(gram, block_offsets(sizes), np.array([3, 1]))
+    np.testing.assert_array_equal(blocks, [29.0, *range(4, 13)])
+    np.testing.assert_array_equal(boff, [0, 1, 10])
+
+
+def test_cross_fitted_set_coverage_with_an_infinite_radius_covers_every_group() -> None:
+    from advcal.drift import CrossFittedCoverage, cross_fitted_set_coverage
+
+    # 10 groups in 5 folds: each calibration has m = 8 groups, and at alpha = 0.05 the
+    # conformal rank ceil(0.95 * 9) = 9 exceeds m, so every radius is infinite.
+    pair = paired_scorings(10, 4, scale=0.02, seed=3)
+    cov = cross_fitted_set_coverage(pair.a, pair.b, alpha=0.05, folds=5, seed=1)
+    assert isinstance(cov, CrossFittedCoverage)
+    assert (cov.covered, cov.n, cov.folds, cov.skipped) == (10, 10, 5, 0)
+    assert cov.target == pytest.approx(0.95, abs=1e-15) and cov.estimate == 1.0
+    # Clopper-Pearson for 10 of 10: [(0.025)^(1/10), 1]
+    assert cov.interval[0] == pytest.approx(0.025 ** 0.1, rel=1e-9)
+    assert cov.interval[1] == 1.0
+    # the same groups as 1-D scores with offsets, and a group of one (not a unit)
+    flat_a = np.concatenate([pair.a.reshape(-1), [0.5]])
+    flat_b = np.concatenate([pair.b.reshape(-1), [0.4]])
+    offsets = np.concatenate([np.arange(0, 41, 4), [41]])
+    assert cross_fitted_set_coverage(flat_a, flat_b, offsets, alpha=0.05, seed=1) == cov
+    # more folds than groups: leave-one-out, every group tested once
+    loo = cross_fitted_set_coverage(pair.a, pair.b, alpha=0.05, folds=1000, seed=1)
+    assert (loo.n, loo.folds) == (10, 1000)
+
+
+def test_cross_fitted_set_coverage_counts_each_held_out_group_once() -> None:
+    from advcal.drift import cross_fitted_set_coverage
+
+    pair = paired_scorings(400, 4, scale=0.02, seed=4)
+    cov = cross_fitted_set_coverage(pair.a, pair.b, alpha=ALPHA, folds=4, seed=0)
+    assert cov.n == 400 and 0 <= cov.covered <= 400
+    # each fold's calibration has m' = 300 groups: the pooled coverage of 400 held-out
+    # groups lies within Z standard errors of its no-drift mean k / (m' + 1)
+    p, sd = band(300, 400, ALPHA)
+    assert abs(cov.estimate - p) <= Z * sd
+    # a seed is a split: another seed tests the same groups
+    assert cross_fitted_set_coverage(pair.a, pair.b, alpha=ALPHA, folds=4, seed=9).n == 400
+
+
+def test_cross_fitted_set_coverage_bad_input() -> None:
+    from advcal.drift import cross_fitted_set_coverage
+
+    pair = paired_scorings(20, 4, scale=0.02, seed=5)
+    with pytest.raises(ValueError, match="`folds` must be at least 2; got 1"):
+        cross_fitted_set_coverage(pair.a, pair.b, alpha=ALPHA, folds=1)
+    with pytest.raises(TypeError, match="`folds` must be an integer"):
+        cross_fitted_set_coverage(pair.a, pair.b, alpha=ALPHA, folds=2.5)
+    with pytest.raises(ValueError, match="`alpha` must lie in"):
+        cross_fitted_set_coverage(pair.a, pair.b, alpha=1.5)
+    with pytest.raises(ValueError, match="`scores_b` must have shape"):
+        cross_fitted_set_coverage(pair.a, pair.b[:, :3], alpha=ALPHA)
+    with pytest.raises(ValueError, match="`estimator`"):
+        cross_fitted_set_coverage(pair.a, pair.b, alpha=ALPHA, estimator="nope")
+
+
+def test_cross_fitted_range_coverage_by_hand() -> None:
+    from advcal.drift import cross_fitted_range_coverage
+
+    judge, ref = judge_log(10, 0.05, seed=6)
+    # 10 responses in 5 folds, m = 8 per calibration: at alpha = 0.05 every radius is
+    # infinite, the ranges are the bounds [0, 1], and every reference is covered.
+    cov = cross_fitted_range_coverage(judge, ref, alpha=0.05, folds=5, seed=2)
+    assert (cov.covered, cov.n, cov.skipped) == (10, 10, 0)
+    # advcal's label rule: 1, True and 1.0 are three categories, and 1.0's only
+    # response cannot be tested (Python's equality would merge all three)
+    labels = [1] * 5 + [True] * 4 + [1.0]
+    cov = cross_fitted_range_coverage(judge, ref, alpha=0.05, folds=5, seed=2,
+                                      categories=labels)
+    assert (cov.covered, cov.n, cov.skipped) == (9, 9, 1)
+    array = cross_fitted_range_coverage(judge, ref, alpha=0.05, folds=5, seed=2,
+                                        categories=np.array(["a"] * 9 + ["b"]))
+    assert (array.n, array.skipped) == (9, 1)
+    nobody = cross_fitted_range_coverage(judge, ref, alpha=0.05,
+                                         categories=[str(i) for i in range(10)])
+    assert (nobody.n, nobody.skipped) == (0, 10)
+    assert math.isnan(nobody.estimate) and all(math.isnan(x) for x in nobody.interval)
+
+
+def test_cross_fitted_range_coverage_bad_input() -> None:
+    from advcal.drift import cross_fitted_range_coverage
+
+    judge, ref = judge_log(50, 0.05, seed=7)
+    with pytest.raises(ValueError, match="`judge` must have the shape of `reference`"):
+        cross_fitted_range_coverage(judge[:40], ref, alpha=ALPHA)
+    with pytest.raises(ValueError, match="`categories` must hold one label per response"):
+        cross_fitted_range_coverage(judge, ref, alpha=ALPHA, categories=["a"] * 49)
+    with pytest.raises(TypeError, match="`categories` must hold hashable labels"):
+        cross_fitted_range_coverage(judge, ref, alpha=ALPHA, categories=[[1]] * 50)
+    with pytest.raises(ValueError, match="`folds` must be at least 2"):
+        cross_fitted_range_coverage(judge, ref, alpha=ALPHA, folds=0)

@@ -22,33 +22,43 @@ import argparse
 import contextlib
 import json
 import math
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from advcal import logs
-from advcal._files import check_target
+from advcal._blocks import block_offsets
 from advcal._validation import check_offsets
-from advcal.artefacts import load_calibration, save_calibration
-from advcal.cli import (
-    _seed,
+from advcal.cli._args import finite_arg, int_arg, numbers, path_arg, seed_arg
+from advcal.cli._errors import (
+    CommandError,
     bad_input_types,
-    check_plot_target,
     describe,
     file_error,
-    finite_arg,
-    int_arg,
     is_bad_input,
-    numbers,
     one_line,
-    path_arg,
     printable,
 )
+from advcal.cli._output import (
+    Column,
+    _figure,
+    _finite,
+    _save_figure,
+    check_out,
+    check_plot,
+    srgo_table,
+    write_plot,
+)
 from advcal.conformal import calibrate_ranges
-from advcal.drift import calibration_drift
+from advcal.drift import (
+    CrossFittedCoverage,
+    calibration_drift,
+    cross_fitted_range_coverage,
+    cross_fitted_set_coverage,
+    select_groups,
+)
+from advcal.io import logs
+from advcal.io.artefacts import load_calibration, save_calibration
 from advcal.risk import select_threshold
 from advcal.sets import (
     CENTERED,
@@ -58,127 +68,16 @@ from advcal.sets import (
     transform_checked,
 )
 
-# Folds of the cross-fitted coverage estimate (default and most), and the confidence of
-# its interval.  Folds beyond the number of units are empty: leave-one-out.
+NAME = "calibrate"
+HELP = ("calibration files from logs: JRSC set radius (sets), judge ranges (ranges), SRGO "
+        "threshold (threshold)")
+
+# Folds of the cross-fitted coverage estimate (default and most).  Folds beyond the number
+# of units are empty: leave-one-out.
 FOLDS = 5
 MAX_FOLDS = 1_000_000
-CONFIDENCE = 0.95
 # Largest .npz `calibrate threshold` accepts, its members decompressed (checked first).
 MAX_MEMBER_BYTES = 1 << 30
-_PLOT_FORMATS = ("png", "pdf", "svg")
-
-
-class _BadInput(Exception):
-    """A problem with the user's file or options: one line, exit code 2."""
-
-
-# --------------------------------------------------------------------------- coverage
-
-
-class Coverage(NamedTuple):
-    """A cross-fitted coverage estimate: ``covered`` of ``n`` held-out units."""
-
-    covered: int
-    n: int
-    folds: int
-    target: float
-    interval: tuple[float, float]
-    skipped: int = 0
-
-    @property
-    def estimate(self) -> float:
-        return self.covered / self.n if self.n else math.nan
-
-
-def _coverage(covered: int, n: int, folds: int, target: float, skipped: int = 0) -> Coverage:
-    from scipy.stats import binomtest
-
-    if n == 0:
-        return Coverage(0, 0, folds, target, (math.nan, math.nan), skipped)
-    ci = binomtest(covered, n, target).proportion_ci(confidence_level=CONFIDENCE,
-                                                     method="exact")
-    return Coverage(covered, n, folds, target, (float(ci.low), float(ci.high)), skipped)
-
-
-def _subset(values: np.ndarray, offsets: np.ndarray, groups: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """The groups ``groups`` (sorted indices) of a CSR batch, as a CSR batch."""
-    sizes = np.diff(offsets)[groups]
-    take = np.concatenate([np.arange(offsets[g], offsets[g + 1]) for g in groups]) \
-        if groups.size else np.empty(0, np.int64)
-    return values[take], np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-
-
-def set_coverage(a: np.ndarray, b: np.ndarray, offsets: np.ndarray, kwargs: dict[str, Any],
-                 *, folds: int, seed: int) -> Coverage:
-    """K-fold cross-fitted coverage of JRSC sets: calibrate on K − 1 folds of groups,
-    count the held-out groups whose second scoring's coefficients lie in their set."""
-
-    informative = np.flatnonzero(np.diff(offsets) >= 2)
-    rng = np.random.default_rng(seed)
-    fold = np.empty(informative.size, np.int64)
-    fold[rng.permutation(informative.size)] = np.arange(informative.size) % folds
-    covered = n = 0
-    for k in range(min(folds, informative.size)):  # the other folds are empty
-        test, train = np.sort(informative[fold == k]), np.sort(informative[fold != k])
-        if not test.size or not train.size:
-            continue
-        cal = calibrate_sets(*_pair(a, b, offsets, train), **kwargs)
-        ta, tb, toff = _pair(a, b, offsets, test)
-        drift = calibration_drift(cal, ta, tb, toff)
-        covered += drift.covered
-        n += drift.n
-    return _coverage(covered, n, folds, 1.0 - kwargs["alpha"])
-
-
-def _pair(a: np.ndarray, b: np.ndarray, offsets: np.ndarray, groups: np.ndarray
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    va, off = _subset(a, offsets, groups)
-    vb, _ = _subset(b, offsets, groups)
-    return va, vb, off
-
-
-def range_coverage(inputs: dict[str, Any], kwargs: dict[str, Any], *, folds: int,
-                   seed: int) -> Coverage:
-    """K-fold cross-fitted coverage of conformal ranges, folds stratified by category;
-    a response whose category has no other response cannot be tested and is skipped."""
-
-    reference = inputs["reference"]
-    m = reference.size
-    cats = inputs.get("categories")
-    rng = np.random.default_rng(seed)
-    fold = np.full(m, -1, np.int64)
-    labels: list[Any] = [None] * m if cats is None else list(cats)
-    by_label: dict[Any, list[int]] = {}
-    for i, lab in enumerate(labels):
-        by_label.setdefault((type(lab), lab), []).append(i)
-    skipped = 0
-    for members in by_label.values():
-        if len(members) < 2:
-            skipped += len(members)
-            continue
-        idx = np.array(members)[rng.permutation(len(members))]
-        fold[idx] = (np.arange(idx.size) + int(rng.integers(folds))) % folds
-    def part(mask: np.ndarray) -> tuple[np.ndarray | None, dict[str, Any]]:
-        out = {name: inputs[name][mask] for name in ("sigma", "lower", "upper")
-               if inputs.get(name) is not None}
-        if cats is not None:
-            out["categories"] = [labels[i] for i in np.flatnonzero(mask)]
-        judge = inputs.get("judge")
-        return (None if judge is None else judge[mask]), out
-
-    covered = n = 0
-    for k in np.unique(fold[fold >= 0]):  # the folds that hold a response
-        test, train = fold == k, (fold != k) & (fold >= 0)
-        if not test.any():
-            continue
-        judge_train, train_inputs = part(train)
-        cal = calibrate_ranges(judge_train, reference[train], **kwargs, **train_inputs)
-        judge_test, test_inputs = part(test)
-        lo, hi = cal.ranges(judge_test, **test_inputs)
-        covered += int(np.count_nonzero((lo <= reference[test]) & (reference[test] <= hi)))
-        n += int(test.sum())
-    return _coverage(covered, n, folds, 1.0 - kwargs["alpha"], skipped)
 
 
 # --------------------------------------------------------------------------- reading
@@ -193,7 +92,7 @@ def _read_paired(args: argparse.Namespace, second: str
         try:
             weights = numbers(args.reward_weights, "--reward-weights")
         except ValueError as exc:
-            raise _BadInput(str(exc)) from None
+            raise CommandError(str(exc)) from None
     with _log_errors(args.file):
         log = logs.read_log(args.file, preset=args.preset, group_cols=args.group_col,
                             reward_cols=args.reward_col, reward_weights=weights,
@@ -205,91 +104,36 @@ def _read_paired(args: argparse.Namespace, second: str
 
 @contextlib.contextmanager
 def _log_errors(path: str) -> Iterator[None]:
-    """The errors of reading ``path`` (:mod:`advcal.logs`, :func:`load_calibration`) as
-    one-line :class:`_BadInput` naming it."""
+    """The errors of reading ``path`` (:mod:`advcal.io.logs`, :func:`load_calibration`) as
+    one-line :class:`CommandError` naming it."""
     try:
         yield
     except logs.MissingDependencyError as exc:
-        raise _BadInput(str(exc)) from None
+        raise CommandError(str(exc)) from None
     except bad_input_types() as exc:
         if not is_bad_input(exc):  # a RuntimeError not from zipfile: a bug, propagated
             raise
-        raise _BadInput(file_error(path, exc)) from None
-
-
-def _check_out(path: str | None, option: str) -> None:
-    """Refuse a target that is not a regular file before the work, not after it."""
-    if path is None:
-        return
-    try:
-        check_target(Path(path), option)
-    except OSError as exc:
-        raise _BadInput(describe(exc)) from None
-    folder = Path(path).parent
-    if not folder.is_dir():
-        raise _BadInput(f"{option} {printable(path)}: cannot write it, {printable(str(folder))} "
-                        "is not a folder")
+        raise CommandError(file_error(path, exc)) from None
 
 
 # --------------------------------------------------------------------------- output
 
 
-def _check_plot(path: str | None) -> None:
-    if path is None:
-        return
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise _BadInput("--plot needs matplotlib, which is not installed "
-                        "(pip install 'advcal[plot]')") from None
-    if Path(path).suffix.lower().lstrip(".") not in _PLOT_FORMATS:
-        raise _BadInput(f"cannot write the plot {path}: name a .png, .pdf or .svg file")
-    try:
-        check_plot_target(path)
-    except OSError as exc:
-        raise _BadInput(f"cannot write the plot {path}: {exc}") from None
-
-
-def _save_figure(fig: Any, path: str) -> None:
-    import matplotlib.pyplot as plt
-
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        check_plot_target(path)
-        fig.tight_layout()
-        fig.savefig(path, format=Path(path).suffix.lower().lstrip("."), dpi=100)
-    finally:
-        plt.close(fig)
-
-
-def _figure() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(figsize=(7, 4))
-
-
-def _coverage_line(cov: Coverage) -> str:
+def _coverage_line(cov: CrossFittedCoverage) -> str:
     if cov.n == 0:
         return "cross-fitted coverage: not estimated (too few groups for the folds)"
     lo, hi = cov.interval
     extra = f"; {cov.skipped} untestable (a category's only response)" if cov.skipped else ""
     return (f"cross-fitted coverage ({cov.folds} folds): {cov.estimate:.4f} "
-            f"({cov.covered}/{cov.n}), {CONFIDENCE:.0%} interval [{lo:.4f}, {hi:.4f}]; "
+            f"({cov.covered}/{cov.n}), {cov.confidence:.0%} interval [{lo:.4f}, {hi:.4f}]; "
             f"target 1 - alpha = {cov.target:.4f}{extra}")
 
 
-def _coverage_json(cov: Coverage) -> dict[str, Any]:
+def _coverage_json(cov: CrossFittedCoverage) -> dict[str, Any]:
     return {"estimate": None if cov.n == 0 else cov.estimate, "covered": cov.covered,
             "n": cov.n, "folds": cov.folds, "target": cov.target,
             "interval": None if cov.n == 0 else list(cov.interval),
-            "confidence": CONFIDENCE, "skipped": cov.skipped}
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
+            "confidence": cov.confidence, "skipped": cov.skipped}
 
 
 # --------------------------------------------------------------------------- sets
@@ -313,7 +157,7 @@ def _set_summary(cal: Any, a: np.ndarray, offsets: np.ndarray) -> dict[str, Any]
             "mean_log_volume": _finite(float(np.mean(logvol))) if logvol.size else None}
 
 
-def _print_set_summary(s: dict[str, Any], cov: Coverage | None, label: str = "") -> None:
+def _print_set_summary(s: dict[str, Any], cov: CrossFittedCoverage | None, label: str = "") -> None:
     rho = "inf (too few groups for alpha)" if s["rho"] is None else f"{s['rho']:.6g}"
     print(f"{label}m = {s['m']} calibration groups; alpha = {s['alpha']:g}; estimator "
           f"{s['estimator']}, shape {s['shape']}")
@@ -339,18 +183,19 @@ def _plot_sets(cal: Any, path: str) -> None:
 
 def run_sets(args: argparse.Namespace) -> int:
 
-    _check_plot(args.plot)
-    _check_out(args.out, "-o")
+    check_plot(args.plot)
+    check_out(args.out, "-o")
     a, b, offsets, log = _read_paired(args, args.second_col)
     kwargs = _set_kwargs(args)
     try:
         cal = calibrate_sets(a, b, offsets, **kwargs)
-        cov = set_coverage(a, b, offsets, kwargs, folds=args.folds, seed=args.seed)
+        cov = cross_fitted_set_coverage(a, b, offsets, folds=args.folds, seed=args.seed,
+                                        **kwargs)
         summary = _set_summary(cal, a, offsets)
     except (ValueError, TypeError) as exc:
-        raise _BadInput(file_error(args.file, exc)) from None
+        raise CommandError(file_error(args.file, exc)) from None
     _write(args.out, cal)
-    _plot(_plot_sets, cal, args.plot)
+    write_plot(lambda path: _plot_sets(cal, path), args.plot)
     if args.json:
         print(json.dumps({"kind": "SetCalibration", "file": args.file, "out": args.out,
                           **summary, "bad_rows": log.bad_rows.count,
@@ -364,24 +209,15 @@ def run_sets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plot(draw: Any, obj: Any, path: str | None) -> None:
-    if path is None:
-        return
-    try:
-        draw(obj, path)
-    except (OSError, ValueError) as exc:
-        raise _BadInput(f"cannot write the plot {path}: {exc}") from None
-
-
 def _write(path: str, obj: Any) -> None:
     try:
         save_calibration(path, obj)
     except OSError as exc:  # save_calibration refuses a non-regular target itself too
         shown = one_line(path)
         if exc.strerror and exc.filename is not None:  # the system's word, on a temp file
-            raise _BadInput(f"cannot write {shown} ({one_line(exc.strerror)})") from None
+            raise CommandError(f"cannot write {shown} ({one_line(exc.strerror)})") from None
         text = describe(exc)
-        raise _BadInput(text if shown in text else f"cannot write {shown} ({text})") from None
+        raise CommandError(text if shown in text else f"cannot write {shown} ({text})") from None
 
 
 # --------------------------------------------------------------------------- ranges
@@ -389,8 +225,8 @@ def _write(path: str, obj: Any) -> None:
 
 def run_ranges(args: argparse.Namespace) -> int:
 
-    _check_plot(args.plot)
-    _check_out(args.out, "-o")
+    check_plot(args.plot)
+    check_out(args.out, "-o")
     method = args.method
     cols = {"reference": args.reference_col}
     if method == "cqr":
@@ -410,10 +246,11 @@ def run_ranges(args: argparse.Namespace) -> int:
     try:
         extra = {k: inputs[k] for k in ("sigma", "lower", "upper", "categories") if k in inputs}
         cal = calibrate_ranges(inputs.get("judge"), inputs["reference"], **kwargs, **extra)
-        cov = range_coverage(inputs, kwargs, folds=args.folds, seed=args.seed)
+        cov = cross_fitted_range_coverage(inputs.get("judge"), inputs["reference"],
+                                          folds=args.folds, seed=args.seed, **kwargs, **extra)
         lo, hi = cal.ranges(inputs.get("judge"), **extra)
     except (ValueError, TypeError) as exc:
-        raise _BadInput(file_error(args.file, exc)) from None
+        raise CommandError(file_error(args.file, exc)) from None
     _write(args.out, cal)
     center = inputs["judge"] if "judge" in inputs else 0.5 * (inputs["lower"] + inputs["upper"])
     err = center - inputs["reference"]
@@ -425,7 +262,7 @@ def run_ranges(args: argparse.Namespace) -> int:
                           for k, v in cal.radius.items()],
                "noise_var": float(np.mean(err * err)),
                "mean_log_width": _finite(float(np.mean(logw)))}
-    _plot(_plot_ranges, cal, args.plot)
+    write_plot(lambda path: _plot_ranges(cal, path), args.plot)
     if args.json:
         print(json.dumps({"kind": "RangeCalibration", "file": args.file, "out": args.out,
                           **summary, "bad_rows": table.bad_rows.count,
@@ -478,9 +315,9 @@ def _plot_ranges(cal: Any, path: str) -> None:
 
 def run_threshold(args: argparse.Namespace) -> int:
 
-    _check_plot(args.plot)
-    _check_out(args.out, "-o")
-    _check_out(args.sets_out, "--sets-out")
+    check_plot(args.plot)
+    check_out(args.out, "-o")
+    check_out(args.sets_out, "--sets-out")
     cal: Any = None
     if args.sets is not None:  # read first: a bad --sets fails before the work
         with _log_errors(args.sets):
@@ -488,11 +325,11 @@ def run_threshold(args: argparse.Namespace) -> int:
     names = [args.reward_col, args.second_col, args.gram_col]
     with _log_errors(args.file):
         # the readers' .npz loader: sizes checked before decompressing, never a pickle
-        arrays = logs._read_arrays(Path(args.file), "npz", MAX_MEMBER_BYTES)
+        arrays = logs.read_arrays(args.file, max_bytes=MAX_MEMBER_BYTES)
     for name in names:
         if name not in arrays:
-            raise _BadInput(f"{args.file}: no array {name!r} (arrays: "
-                            f"{', '.join(arrays) or 'none'})")
+            raise CommandError(f"{args.file}: no array {name!r} (arrays: "
+                               f"{', '.join(arrays) or 'none'})")
     try:
         a, b, gram = (_float_array(arrays[n], n) for n in names)
         offsets = _layout(a, b, gram, arrays.get("offsets"), names)
@@ -515,20 +352,20 @@ def run_threshold(args: argparse.Namespace) -> int:
             cal = calibrate_sets(*_pair(a, b, offsets, chosen), **kwargs)
             source = f"calibrated on {n_cal} of the {informative.size} groups"
         sa, sb, soff = _pair(a, b, offsets, select)
-        sgram = _gram_subset(gram, offsets, select)
+        sgram, _ = select_groups(gram.reshape(-1), block_offsets(sizes), select)
         sets = coefficient_sets(sa, soff, calibration=cal)
         reference = transform_checked(sb, soff, cal.estimator, cal.eps, cal.ddof, cal.options)
         sel = select_threshold(sets, sgram, reference, thresholds=thresholds, beta=args.beta,
                                delta=args.delta, bound=args.bound, procedure=args.procedure)
         drift = calibration_drift(cal, sa, sb, soff)
-        cov = Coverage(drift.covered, drift.n, 1, drift.target, drift.interval)
+        cov = CrossFittedCoverage(drift.covered, drift.n, 1, drift.target, drift.interval)
         summary = _set_summary(cal, sa, soff)
     except (ValueError, TypeError) as exc:
-        raise _BadInput(file_error(args.file, exc)) from None
+        raise CommandError(file_error(args.file, exc)) from None
     _write(args.out, sel)
     if args.sets_out is not None:
         _write(args.sets_out, cal)
-    _plot(lambda s, p: _plot_threshold(s, args.beta, p), sel, args.plot)
+    write_plot(lambda path: _plot_threshold(sel, args.beta, path), args.plot)
     if args.json:
         table = [{"tau": float(sel.tau[j]), "n_acc": int(sel.n_acc[j]),
                   "k_rev": int(sel.k_rev[j]), "risk": _finite(float(sel.risk[j])),
@@ -547,10 +384,10 @@ def run_threshold(args: argparse.Namespace) -> int:
     _print_set_summary(summary, None, "  ")
     lo, hi = cov.interval
     print(f"  held-out coverage on the {cov.n} selection groups: {cov.estimate:.4f}, "
-          f"{CONFIDENCE:.0%} interval [{lo:.4f}, {hi:.4f}]; target {cov.target:.4f}")
+          f"{cov.confidence:.0%} interval [{lo:.4f}, {hi:.4f}]; target {cov.target:.4f}")
     print(f"SRGO on {select.size} groups: beta = {args.beta:g}, delta = {args.delta:g}, "
           f"{args.bound}, {args.procedure} (per-threshold level {sel.level:.4g})")
-    print(_srgo_table(sel))
+    print(srgo_table(sel, _SRGO_COLUMNS, mark_selected=True))
     chosen_text = "none (no threshold is risk-feasible: reject every group)" \
         if sel.tau_sel is None else f"{sel.tau_sel:g}"
     print(f"tau_sel = {chosen_text}")
@@ -560,16 +397,16 @@ def run_threshold(args: argparse.Namespace) -> int:
     return 0
 
 
-def _srgo_table(sel: Any) -> str:
-    lines = [f"{'tau':>6}{'n_acc':>8}{'k_rev':>7}{'risk':>9}{'ucb':>9}{'p_value':>10}"
-             f"{'recovery':>11}  feasible"]
-    for j in range(sel.tau.size):
-        risk = "-" if np.isnan(sel.risk[j]) else f"{sel.risk[j]:.4f}"
-        mark = " <- tau_sel" if sel.tau_sel is not None and sel.tau[j] == sel.tau_sel else ""
-        lines.append(f"{sel.tau[j]:>6.3f}{sel.n_acc[j]:>8d}{sel.k_rev[j]:>7d}{risk:>9}"
-                     f"{sel.ucb[j]:>9.4f}{sel.p_value[j]:>10.3g}{sel.recovery[j]:>11.2f}  "
-                     f"{'yes' if sel.feasible[j] else 'no'}{mark}")
-    return "\n".join(lines)
+# The SRGO table of `calibrate threshold`: the field names, p-values, "-" for no risk.
+_SRGO_COLUMNS = (
+    Column("tau", 6, "tau", lambda v: f"{v:.3f}"),
+    Column("n_acc", 8, "n_acc", lambda v: f"{v:d}"),
+    Column("k_rev", 7, "k_rev", lambda v: f"{v:d}"),
+    Column("risk", 9, "risk", lambda v: "-" if np.isnan(v) else f"{v:.4f}"),
+    Column("ucb", 9, "ucb", lambda v: f"{v:.4f}"),
+    Column("p_value", 10, "p_value", lambda v: f"{v:.3g}"),
+    Column("recovery", 11, "recovery", lambda v: f"{v:.2f}"),
+)
 
 
 def _plot_threshold(sel: Any, beta: float, path: str) -> None:
@@ -617,19 +454,18 @@ def _layout(a: np.ndarray, b: np.ndarray, gram: np.ndarray, offsets: np.ndarray 
     return offs
 
 
-def _gram_subset(gram: np.ndarray, offsets: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    sizes = np.diff(offsets)
-    flat = gram.reshape(-1)
-    starts = np.concatenate(([0], np.cumsum(sizes.astype(np.int64) ** 2)))
-    parts = [flat[starts[g]:starts[g + 1]] for g in groups]
-    return np.concatenate(parts) if parts else np.empty(0)
+def _pair(a: np.ndarray, b: np.ndarray, offsets: np.ndarray, groups: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Both scorings of the groups ``groups``, and their offsets."""
+    va, off = select_groups(a, offsets, groups)
+    return va, select_groups(b, offsets, groups)[0], off
 
 
 def _thresholds(text: str) -> np.ndarray:
     try:
         values = numbers(text, "--thresholds")
     except ValueError as exc:
-        raise _BadInput(str(exc)) from None
+        raise CommandError(str(exc)) from None
     return np.array(values)
 
 
@@ -652,7 +488,7 @@ def _common(parser: argparse.ArgumentParser, *, coverage: bool = True) -> None:
         parser.add_argument("--folds", type=_folds, default=FOLDS,
                             help=f"folds of the cross-fitted coverage, 2 to {MAX_FOLDS} "
                                  f"(default: {FOLDS}; more folds than units: leave-one-out)")
-    parser.add_argument("--seed", type=_seed, default=0,
+    parser.add_argument("--seed", type=seed_arg, default=0,
                         help="seed of the random folds / split (default: 0)")
     parser.add_argument("--plot", metavar="PATH", default=None, type=path_arg,
                         help="also write a figure (.png, .pdf or .svg; needs matplotlib)")
@@ -704,7 +540,7 @@ def _reader_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true", help="= --on-bad-row error")
 
 
-def arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``calibrate`` subcommand's three forms."""
     forms = parser.add_subparsers(dest="form", required=True, metavar="{sets,ranges,threshold}")
     sets = forms.add_parser(
@@ -781,9 +617,5 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run one form; 0 on success, 2 with one line on stderr for a bad file or option."""
-    try:
-        return int(args.form_run(args))
-    except _BadInput as exc:
-        print(f"advcal calibrate {args.form}: error: {one_line(str(exc))}", file=sys.stderr)
-        return 2
+    """Run one form; 0 on success (a bad file or option is a :class:`CommandError`)."""
+    return int(args.form_run(args))

@@ -1,0 +1,7 @@
+"""``python -m advcal.cli``: the ``advcal`` console script."""
+
+import sys
+
+from advcal.cli import main
+
+sys.exit(main())
