@@ -7,10 +7,10 @@ The package, floor by floor (a module imports only those below it):
 
 * ``_errors``: exit codes, :class:`~advcal.cli._errors.CommandError`, which exceptions
   are bad input, one-line messages;
-* ``_args``: the argparse types of the options;
+* ``_args``: the shape of a command (``Command``) and the argparse types of the options;
 * ``_output``: JSON numbers, the SRGO table, the progress bar, figure and target checks;
-* ``diagnose``, ``demo``, ``calibrate``: one module per command (``NAME``, ``HELP``,
-  ``add_arguments``, ``run``);
+* ``diagnose``, ``demo``, ``calibrate``: one module per command, its ``COMMAND`` (name,
+  help, ``add_arguments``, ``run``);
 * ``_main``: the parser and the error net, :func:`main`.
 
 The library logic the commands print (cross-fitted coverage, for one) lives in the

@@ -1,11 +1,24 @@
-"""argparse types of the CLI's options: paths, finite numbers, integers in a range, seeds,
-comma-separated numbers.  Every number is plain ASCII decimal (Python's ``float`` and
-``int`` also read ``1_0`` and other scripts' digits; an option does not)."""
+"""The commands' shape (:class:`Command`) and the argparse types of their options:
+paths, finite numbers, integers in a range, seeds, comma-separated numbers.  Every number
+is plain ASCII decimal (Python's ``float`` and ``int`` also read ``1_0`` and other
+scripts' digits; an option does not)."""
 
 from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+
+class Command(NamedTuple):
+    """A subcommand: its name and help line, how it adds its options to its parser, and
+    how it runs (it returns the exit code)."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
 
 
 def path_arg(text: str) -> str:

@@ -1,14 +1,14 @@
 """The ``advcal`` parser and its error net.
 
 Each subcommand is a module (:mod:`~advcal.cli.demo`, :mod:`~advcal.cli.diagnose`,
-:mod:`~advcal.cli.calibrate`) with ``NAME``, ``HELP``, ``add_arguments(parser)`` and
-``run(args)``; ``run`` returns the exit code, 0 on success.  :func:`main` is the one place
-that turns a bad file or option into one line on stderr and exit code 2: a
-:class:`~advcal.cli._errors.CommandError` a command raises, or what a reader raises for
-a bad file (:func:`~advcal.cli._errors.is_bad_input`), so a reader error no command
-anticipated still ends in it; anything else is a bug and keeps its traceback.  A closed
-stdout (``advcal diagnose LOG | head -1``) ends quietly with exit code 141, as a tool
-killed by SIGPIPE; Ctrl-C ends quietly with 130.
+:mod:`~advcal.cli.calibrate`) whose ``COMMAND`` names it and holds its
+``add_arguments(parser)`` and ``run(args)``; ``run`` returns the exit code, 0 on success.
+:func:`main` is the one place that turns a bad file or option into one line on stderr
+and exit code 2: a :class:`~advcal.cli._errors.CommandError` a command raises, or what a
+reader raises for a bad file (:func:`~advcal.cli._errors.is_bad_input`), so a reader
+error no command anticipated still ends in it; anything else is a bug and keeps its
+traceback.  A closed stdout (``advcal diagnose LOG | head -1``) ends quietly with exit
+code 141, as a tool killed by SIGPIPE; Ctrl-C ends quietly with 130.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
-from advcal.cli import calibrate, demo, diagnose
 from advcal.cli._errors import (
     EXIT_BAD_INPUT,
     EXIT_CLOSED_PIPE,
@@ -32,8 +31,11 @@ from advcal.cli._errors import (
     is_bad_input,
     one_line,
 )
+from advcal.cli.calibrate import COMMAND as CALIBRATE
+from advcal.cli.demo import COMMAND as DEMO
+from advcal.cli.diagnose import COMMAND as DIAGNOSE
 
-_COMMANDS = (demo, diagnose, calibrate)
+_COMMANDS = (DEMO, DIAGNOSE, CALIBRATE)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="advcal", description="Advantage calibration for group-relative RL.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in _COMMANDS:
-        child = sub.add_parser(command.NAME, help=command.HELP, description=command.HELP)
+        child = sub.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(child)
         child.set_defaults(run=command.run, prog=child.prog)
     return parser

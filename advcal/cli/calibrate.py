@@ -29,7 +29,7 @@ import numpy as np
 
 from advcal._blocks import block_offsets
 from advcal._validation import check_offsets
-from advcal.cli._args import finite_arg, int_arg, numbers, path_arg, seed_arg
+from advcal.cli._args import Command, finite_arg, int_arg, numbers, path_arg, seed_arg
 from advcal.cli._errors import (
     CommandError,
     bad_input_types,
@@ -619,3 +619,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run one form; 0 on success (a bad file or option is a :class:`CommandError`)."""
     return int(args.form_run(args))
+
+
+COMMAND = Command(NAME, HELP, add_arguments, run)

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from advcal.cli._args import path_arg, seed_arg
+from advcal.cli._args import Command, path_arg, seed_arg
 from advcal.cli._errors import CommandError
 from advcal.cli._output import (
     Column,
@@ -528,3 +528,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "'advcal[plot]')")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bars on stderr (they show only on a terminal)")
+
+
+COMMAND = Command(NAME, HELP, add_arguments, run)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from advcal.cli._args import finite_arg, numbers, path_arg
+from advcal.cli._args import Command, finite_arg, numbers, path_arg
 from advcal.cli._errors import CommandError, file_error, printable
 from advcal.cli._output import (
     _figure,
@@ -265,3 +265,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar on stderr (shown on a terminal for reads over "
                              "about 2 s)")
+
+
+COMMAND = Command(NAME, HELP, add_arguments, run)
