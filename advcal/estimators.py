@@ -181,9 +181,19 @@ def _center_scale(call: _Call, mode: int, *, eps: float = 0.0, ddof: int = 1,
                 values = np.ldexp(values, -unit).astype(values.dtype, copy=False)
         # GRPO's eps and floor, and a fixed divisor, are in reward units: scaled alike.
         k = k if mode in (GRPO, FIXED) else 0
+        scaled = _pow2(divisor, k)
+        if mode == FIXED and not _SMALLEST_DIVISOR <= scaled < math.inf:
+            # Rewards near the float64 limits over a divisor near 1: the divisor in those
+            # units (or its reciprocal) would overflow.  Divide by the divisor as it is and
+            # scale the (linear) result back here.
+            out, ok = call.engine.center_scale(values, offsets, mode, 0.0, ddof, call.raw,
+                                               call.omit, divisor, _limit(call))
+            with np.errstate(over="ignore", under="ignore"):
+                back = np.ldexp(out.astype(np.float64), k)
+            return back.astype(out.dtype), ok and bool(np.isfinite(back).all())
         return call.engine.center_scale(
             values, offsets, mode, _pow2(eps, k), ddof, call.raw, call.omit,
-            _pow2(divisor, k), _limit(call), std_floor=_pow2(std_floor, k))
+            scaled, _limit(call), std_floor=_pow2(std_floor, k))
 
     first = run(call.batch.values, 0, call.batch.offsets, slice(None))
     return _finish(call, first, run, homogeneous=mode in (DR, RLOO),

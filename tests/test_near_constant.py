@@ -234,3 +234,17 @@ def test_huber_scale_next_to_1e154(backend):
     small = huber_scale([[1.0, 0.0, 1e-154]], eps=0.0, backend="numpy")
     got = huber_scale([[1e154, 0.0, 1.0]], eps=0.0, backend=backend)
     np.testing.assert_allclose(got, small, rtol=1e-12)
+
+
+@pytest.mark.parametrize("rewards, expected", [
+    # GPG: u * (N / #nonzero) / f_norm, with N = 2, one nonzero reward, f_norm = 1: the
+    # centred values +-r/2 doubled.  Both results are floats, though r/2 is not (subnormal)
+    # and r's square is not (beyond float64).
+    ([0.0, 3 * 2.0 ** -1074], [-3 * 2.0 ** -1074, 3 * 2.0 ** -1074]),
+    ([0.0, 2.0 ** 1023], [-(2.0 ** 1023), 2.0 ** 1023]),
+])
+def test_gpg_at_the_float64_limits(backend, rewards, expected):
+    got = advcal.gpg(np.array(rewards), offsets=[0, 2], backend=backend)
+    # the subnormal case: r/2 = 1.5 ulps rounds to 1 or 2 ulps before it is doubled
+    np.testing.assert_allclose(got, expected, rtol=0.34, atol=0)
+    assert np.sign(got).tolist() == [-1.0, 1.0]
