@@ -28,8 +28,9 @@ from numpy.typing import ArrayLike
 
 from advcal._blocks import expand, gather_rows, size_classes
 from advcal._kernels.modes import DR, FIXED
+from advcal._point import PointCall, center_scale, check_eps_ddof, output_limit, point_iv
 from advcal._validation import check_real, raise_bad_values, valid_counts
-from advcal.estimators import _Call, _center_scale, _check_eps_ddof, _limit, _point_iv, grpo
+from advcal.estimators import grpo
 
 __all__ = ["KLCompensated", "grpo_kl_comp", "huber_scale", "mad_scale", "p90_scale"]
 
@@ -37,38 +38,38 @@ __all__ = ["KLCompensated", "grpo_kl_comp", "huber_scale", "mad_scale", "p90_sca
 MAD_NORMAL = 1.482602218505602
 
 
-def _valid_matrix(call: _Call, idx: np.ndarray, n: int) -> np.ndarray:
+def _valid_matrix(call: PointCall, idx: np.ndarray, n: int) -> np.ndarray:
     """The groups ``idx`` (all of size n) as rows, NaN rewards kept as NaN (float64)."""
     return gather_rows(call.batch.values, call.batch.offsets, idx, n).astype(np.float64)
 
 
-def _group_std(call: _Call, ddof: int) -> np.ndarray:
+def _group_std(call: PointCall, ddof: int) -> np.ndarray:
     """σ_q per group over its valid rewards (0 with at most ``ddof`` of them, or equal
     ones), taken in units that keep the squares of tiny or huge rewards in range."""
     return call.engine.group_statistics(call.batch.values, call.batch.offsets, ddof,
                                         call.omit)[3]
 
 
-def _divide(call: _Call, scale: np.ndarray) -> np.ndarray:
+def _divide(call: PointCall, scale: np.ndarray) -> np.ndarray:
     """u / s_q in the caller's layout: u from the engine (Dr.GRPO's centring, exact zeros for
     constant groups and the singleton policy), s_q per group; a group with s_q = 0 (a
     robust scale of 0 with eps = 0) is skipped: advantages 0."""
     values = call.batch.values
     # Dr.GRPO's centring with its rescaled retry (deviations near 1e154 square to inf, and
     # those of subnormal rewards to 0), in the caller's layout: back to the grouped one.
-    u = _center_scale(call, DR).reshape(-1)
+    u = center_scale(call, DR).reshape(-1)
     if call.batch.order is not None:
         u = u[call.batch.order]
     s = expand(scale, call.batch.offsets)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         out = np.divide(u.astype(np.float64), s, out=np.zeros(u.shape), where=s > 0)
-    if not (np.abs(out) <= _limit(call)).all():
+    if not (np.abs(out) <= output_limit(call)).all():
         raise ValueError("`rewards`: an advantage overflows the output dtype (eps is too "
                          "small for the rewards' gaps).")
     return call.batch.restore(out.astype(values.dtype))
 
 
-def _lone_scale(call: _Call, scale: np.ndarray, eps: float) -> np.ndarray:
+def _lone_scale(call: PointCall, scale: np.ndarray, eps: float) -> np.ndarray:
     """A group with one valid response (kept raw by ``singleton="raw"``) gets 1 + eps, as
     GRPO's lone response (mean 0, std 1)."""
     counts = valid_counts(call.batch, call.omit)
@@ -117,13 +118,13 @@ def p90_scale(
            [ 0. ,  0. ],
            [-0.5,  0.5]])
     """
-    eps, ddof = _check_eps_ddof(eps, ddof)
+    eps, ddof = check_eps_ddof(eps, ddof)
     quantile = check_real(quantile, "quantile", low=0.0, high=1.0)
-    call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
-    return _center_scale(call, FIXED, divisor=_batch_quantile(call, quantile, ddof) + eps)
+    call = point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
+    return center_scale(call, FIXED, divisor=_batch_quantile(call, quantile, ddof) + eps)
 
 
-def _batch_quantile(call: _Call, quantile: float, ddof: int) -> float:
+def _batch_quantile(call: PointCall, quantile: float, ddof: int) -> float:
     std = _group_std(call, ddof)
     spread = std[(valid_counts(call.batch, call.omit) >= 2) & (std > 0)]
     if not np.isfinite(std).all():
@@ -197,15 +198,15 @@ def grpo_kl_comp(
                       singleton=singleton, nan_policy=nan_policy, backend=backend)
     if not return_kl_weight:
         return advantages
-    eps, ddof = _check_eps_ddof(eps, ddof)
-    call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
+    eps, ddof = check_eps_ddof(eps, ddof)
+    call = point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
     scale = _lone_scale(call, _group_std(call, ddof) + eps, eps)
     with np.errstate(divide="ignore", over="ignore"):  # inf: beyond float64
         weight = 1.0 / scale
     return KLCompensated(advantages, weight)
 
 
-def _mad(call: _Call) -> np.ndarray:
+def _mad(call: PointCall) -> np.ndarray:
     """Median absolute deviation from the median per group, over its valid rewards."""
     sizes = call.batch.sizes
     out = np.zeros(sizes.size)
@@ -270,7 +271,7 @@ def mad_scale(
     array([[-1.349 , -0.6745,  0.    ,  2.0235]])
     """
     eps = check_real(eps, "eps", low=0.0)
-    call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
+    call = point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
     return _divide(call, _lone_scale(call, MAD_NORMAL * _mad(call) + eps, eps))
 
 
@@ -287,7 +288,7 @@ HUBER_RTOL = 1e-12
 
 
 @np.errstate(over="ignore", invalid="ignore")  # a non-finite scale is reported by the caller
-def _huber(call: _Call, c: float) -> np.ndarray:
+def _huber(call: PointCall, c: float) -> np.ndarray:
     """Huber's proposal-2 scale per group: s² = Σ ψ_c(u_i/s)² s² / (n κ(c)), u around the
     group mean, started at the ddof-0 std / √κ (exact when no residual is clipped)."""
     sizes = call.batch.sizes
@@ -368,7 +369,7 @@ def huber_scale(
     """
     eps = check_real(eps, "eps", low=0.0)
     c = check_real(c, "c", low=0.0, low_inclusive=False)
-    call = _point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
+    call = point_iv(rewards, offsets, group_ids, singleton, nan_policy, backend)
     return _divide(call, _lone_scale(call, _huber(call, c) + eps, eps))
 
 
@@ -376,7 +377,7 @@ def group_scales(function: Any, values: np.ndarray, offsets: np.ndarray, backend
                  options: dict[str, Any]) -> np.ndarray:
     """s_q per group of one of this module's estimators (the scale diagnostics' rule):
     ``options`` are the estimator's keywords with ``eps`` set; values finite, grouped."""
-    call = _point_iv(values, offsets, None, options.get("singleton", "zero"),
+    call = point_iv(values, offsets, None, options.get("singleton", "zero"),
                      options.get("nan_policy", "raise"), backend)
     eps = float(options["eps"])
     if function is p90_scale:

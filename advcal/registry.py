@@ -51,13 +51,10 @@ from numpy.typing import ArrayLike
 
 from advcal._blocks import expand, segment_sum
 from advcal._kernels import engine
+from advcal._point import batch_std_of, gpg_divisor, point_iv, whitening
 from advcal._validation import check_choice, check_keywords
 from advcal.baselines import group_scales, grpo_kl_comp, huber_scale, mad_scale, p90_scale
 from advcal.estimators import (
-    _batch_std,
-    _gpg_divisor,
-    _point_iv,
-    _whitening,
     batch_std,
     dr_grpo,
     gpg,
@@ -299,10 +296,10 @@ def _batch_std_scale(values: np.ndarray, offsets: np.ndarray, settings: Diagnost
     weights = batch_std(values, offsets, backend=settings.backend, **options)
     ddof = options.get("ddof", _default(batch_std, "ddof"))
     omit = _omits(options)
-    call = _point_iv(values, offsets, None, "zero", "omit" if omit else "raise",
+    call = point_iv(values, offsets, None, "zero", "omit" if omit else "raise",
                      settings.backend)
     spread = _group_spread(values, offsets, ddof, omit, settings.backend)
-    scale = np.full(offsets.size - 1, _batch_std(call, ddof) + options["eps"])
+    scale = np.full(offsets.size - 1, batch_std_of(call, ddof) + options["eps"])
     return Scaled(weights, scale, spread.gap & (scale > 0.0), scorable=_scorable(spread, omit))
 
 
@@ -315,7 +312,7 @@ def _reinforce_pp_scale(values: np.ndarray, offsets: np.ndarray,
     counts = np.ones(values.shape) if tokens is None else np.asarray(tokens, np.float64)
     eps = options.get("eps", _default(reinforce_pp_baseline, "eps"))
     sizes, gap = _sizes_and_gap(values, offsets)
-    whitened = _whitening(u, counts, eps, options.get("ddof", 1), options.get("var_floor", 0.0))
+    whitened = whitening(u, counts, eps, options.get("ddof", 1), options.get("var_floor", 0.0))
     scale = np.full(sizes.size, whitened[1] if options.get("std_norm", True) else 1.0)
     return Scaled(weights, scale, gap & (scale > 0.0))
 
@@ -330,7 +327,7 @@ def _opo_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSett
 def _gpg_scale(values: np.ndarray, offsets: np.ndarray, settings: DiagnosticSettings,
                options: dict[str, Any]) -> Scaled:
     weights = gpg(values, offsets, backend=settings.backend, **options)
-    divisor = _gpg_divisor(values, float(options.get("f_norm", _default(gpg, "f_norm"))))
+    divisor = gpg_divisor(values, float(options.get("f_norm", _default(gpg, "f_norm"))))
     sizes, gap = _sizes_and_gap(values, offsets)
     return Scaled(weights, np.full(sizes.size, divisor), gap)
 

@@ -559,8 +559,8 @@ def read_arrays(path: str | os.PathLike[str], *, max_bytes: int = 1 << 30
     Raises
     ------
     LogError
-        Not an ``.npz``/``.npy`` file ("cannot read as .npz"), a member that is not a plain numeric array, or past
-        ``max_bytes``.
+        Not an ``.npz``/``.npy`` file ("cannot read as .npz"), a member that is not a
+        plain numeric array, or past ``max_bytes``.
     OSError
         The file cannot be opened, or is not a regular file.
 
