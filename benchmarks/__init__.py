@@ -87,6 +87,16 @@ class Rounds:
         return float(np.median(ratios))
 
 
+def with_notes_later(case: Case, make: Callable[[], list[str]]) -> Case:
+    """``case`` whose notes ``make`` (fresh processes, say) computes only once the runner
+    selects the case."""
+    import dataclasses
+
+    case.build = lambda: dataclasses.replace(case, notes=list(case.notes) + make(),
+                                             build=None)
+    return case
+
+
 def round_times(candidates: dict[str, Callable[[], object]], *, min_total: float = 0.2,
                 rounds: int = 15, apart: float = 5.0) -> Rounds:
     """Time every candidate in ``rounds`` rounds.

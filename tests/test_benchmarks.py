@@ -96,3 +96,28 @@ def test_check_close_states_its_tolerance_and_refuses_other_work():
         check_close("peer = advcal.x", [1.0, 2.1], [1.0, 2.0], atol=1e-12, why="")
     with pytest.raises(AssertionError):  # NaN only where advcal's is NaN
         check_close("peer = advcal.x", [1.0, float("nan")], [1.0, 2.0], atol=1.0, why="")
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_listing_the_cases_runs_nothing_costly(monkeypatch, quick):
+    """``--only`` lists every module's cases: no case may start processes (the memory and
+    start-up notes) or train a model to be listed, so that a run of other benchmarks
+    neither pays for it nor fails with it; that work waits for ``Case.build``."""
+    import importlib
+    import pkgutil
+
+    import benchmarks
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a fresh process while listing the cases: {args[:1]}")
+
+    monkeypatch.setattr(subprocess, "run", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    names = sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__)
+                   if m.name.startswith("bench_"))
+    if not quick:  # the full sizes of the others only allocate their inputs
+        names = [name for name in names if name in ("bench_estimators", "bench_resolution",
+                                                    "bench_gram")]
+    for name in names:
+        for case in importlib.import_module(f"benchmarks.{name}").cases(quick):
+            assert case.name and (case.candidates or case.build or case.report), case.name
