@@ -205,7 +205,8 @@ def _hoeffding_p(k: np.ndarray, n: np.ndarray, beta: np.ndarray) -> np.ndarray:
     return out
 
 
-def _p_values(bound: str, k: np.ndarray, n: np.ndarray, beta: np.ndarray) -> np.ndarray:
+def p_values_checked(bound: str, k: np.ndarray, n: np.ndarray, beta: np.ndarray
+                     ) -> np.ndarray:
     """The p-value of "risk > beta" for one bound family (elementwise, no validation).
 
     :func:`ucb` inverts exactly these numbers, so the two never disagree.
@@ -234,7 +235,7 @@ def _smallest_certified(bound: str, k: np.ndarray, n: np.ndarray, delta: np.ndar
 
     def certified(idx: np.ndarray, bits: np.ndarray) -> np.ndarray:
         beta = bits.view(np.float64)
-        return _p_values(bound, k[idx], n[idx], beta) <= delta[idx]
+        return p_values_checked(bound, k[idx], n[idx], beta) <= delta[idx]
 
     lo = np.ascontiguousarray(low, dtype=np.float64).view(np.int64).copy()
     hi = np.full(lo.shape, np.float64(1.0)).view(np.int64).copy()
@@ -419,5 +420,5 @@ def risk_p_value(
     array([0.0012379, 1.       ])
     """
     k_arr, n_arr, beta_arr = _counts_iv(k, n, beta, "beta", bound)
-    out = _p_values(bound, k_arr, n_arr, beta_arr)
+    out = p_values_checked(bound, k_arr, n_arr, beta_arr)
     return _scalar_or_array(np.asarray(out, dtype=np.float64))

@@ -28,7 +28,7 @@ from advcal._ggsr import (
     run_recovery,
 )
 from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
-from advcal.bounds import BOUNDS, _p_values, risk_p_value, ucb
+from advcal.bounds import BOUNDS, p_values_checked, risk_p_value, ucb
 from advcal.recovery import Recovery, recover, recover_checked
 from advcal.sets import CoefficientSets, SetCalibration, coefficient_sets
 
@@ -179,7 +179,7 @@ def _certifiable_reversals(n_acc: np.ndarray, beta: float, level: float,
     hi = n_acc.astype(np.int64)  # k = n_acc: p = 1, never certified
     while (active := hi - lo > 1).any():
         mid = np.where(active, (lo + hi) // 2, hi)  # >= 0 where active
-        ok = active & (_p_values(bound, mid, n_acc, np.full(mid.shape, beta)) <= level)
+        ok = active & (p_values_checked(bound, mid, n_acc, np.full(mid.shape, beta)) <= level)
         lo = np.where(ok, mid, lo)
         hi = np.where(active & ~ok, mid, hi)
     return lo
