@@ -27,7 +27,8 @@ def user_path(path: Any, what: str) -> Path:
     return Path(text)
 
 
-def _kind(mode: int) -> str:
+def kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words (for messages)."""
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -53,7 +54,7 @@ def open_regular(path: Path, what: str) -> tuple[IO[bytes], int]:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{what} {path}: {_kind(info.st_mode)}, not a regular file; "
+            raise OSError(f"{what} {path}: {kind(info.st_mode)}, not a regular file; "
                           "only regular files are read.")
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
@@ -71,7 +72,7 @@ def check_target(path: Path, what: str) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISREG(info.st_mode):
-        raise OSError(f"{what} {path}: {_kind(info.st_mode)}; refusing to replace it with "
+        raise OSError(f"{what} {path}: {kind(info.st_mode)}; refusing to replace it with "
                       "a regular file (write to a regular file's path).")
 
 

@@ -216,11 +216,12 @@ def test_demo_unwritable_out_fails_before_the_work(tmp_path, monkeypatch, capsys
     import tempfile
 
     from advcal import cli
+    from advcal.cli import demo
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(cli, "demo_batch", _no_work)
+    monkeypatch.setattr(demo, "demo_batch", _no_work)  # where the demo looks it up
     monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
     assert cli.main(["demo", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -232,11 +233,12 @@ def test_demo_unwritable_out_fails_before_the_work(tmp_path, monkeypatch, capsys
 def test_demo_read_only_out_directory(tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
     from advcal import cli
+    from advcal.cli import demo
 
     out = tmp_path / "figs"
     out.mkdir()
     out.chmod(0o500)
-    monkeypatch.setattr(cli, "demo_batch", _no_work)
+    monkeypatch.setattr(demo, "demo_batch", _no_work)
     try:
         assert cli.main(["demo", "--out", str(out)]) == 2
     finally:

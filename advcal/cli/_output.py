@@ -157,7 +157,7 @@ def check_plot_target(path: str) -> None:
     except OSError:  # missing (written anew), or a folder that is not one: savefig says
         return
     if not stat.S_ISREG(info.st_mode):
-        raise OSError(f"{path}: {_files._kind(info.st_mode)}, not a regular file; a figure "
+        raise OSError(f"{path}: {_files.kind(info.st_mode)}, not a regular file; a figure "
                       "is written only to a regular file's path")
 
 
