@@ -38,9 +38,8 @@ PRESETS = ("all", "lora")
 # Elements of one materialised block of per-response gradients (route "materialise"): a
 # layer wider than this is done in slices of its output rows, so memory stays bounded.
 WORKSPACE = 1 << 24
-# Per-response rows gathered for one G Gᵀ product, and δ concatenated across the layers
-# of a bundle, stay within this share of WORKSPACE: small models batch many layers per
-# product, large ones stay near the memory of one layer at a time.
+# The per-response rows gathered for G Gᵀ products (their workspace, and its float64
+# copy) and each chunk of token pairs stay within this share of WORKSPACE.
 _SHARE = 8
 # Tests set this to "materialise" or "pairs" to run one exact route everywhere.
 _FORCE_ROUTE: str | None = None
@@ -738,12 +737,10 @@ class GradientCapture:
         root, seed = (objectives.sum(), None) if start is None else start
         targets = self._targets(root, calls)
         units, unit_calls = self._units(calls)
-        # (layer, what, (min, max)) of every δ and input, to name a non-finite one
-        norms: list[tuple[str, str, Any]] = []
+        names = [unit.name for unit in units]
         blocks = _Blocks(torch, order, bounds, acc, device)
-        stream = _Stream(self, calls, units, unit_calls,
-                         self._bundles(units, unit_calls, calls), n, blocks,
-                         _Rows(torch, blocks), acc, norms)
+        stream = _Stream(self, calls, units, unit_calls, n, blocks,
+                         _Rows(torch, blocks, n, acc), acc)
         del units, unit_calls
         by_node: dict[int, list[_Call]] = {}
         for call in calls:
@@ -779,7 +776,7 @@ class GradientCapture:
             raise ValueError("`objectives` was not produced under the capture: it does not "
                              "depend on any recorded layer output.")
         out = stream.finish(dense)
-        _check_finite(out, objectives, norms)
+        _check_finite(out, objectives, names, stream.extremes)
         if output == "tensor":
             return out
         return out.detach().to(device="cpu", dtype=torch.float64).numpy()
@@ -926,41 +923,6 @@ class GradientCapture:
         x, d = pairs[0]
         return _sketch_sides(int(d.shape[-1]), int(x.shape[-1]), self._sketch_dim)
 
-    def _bundles(self, units: list[_Unit], unit_calls: list[list[tuple[int, bool]]],
-                 calls: list[_Call]) -> list[list[int]]:
-        """The units with calls, in bundles that read one input tensor (q/k/v projections,
-        an MLP's gate and up projections): the weight gradients Δᵀ H of a bundle take one
-        product, with its layers' δ side by side (within WORKSPACE / _SHARE numbers, which
-        bounds the δ a bundle holds while its other layers' arrive).  Only exact
-        single-call weights bundle."""
-        bundles: list[list[int]] = []
-        by_input: dict[tuple[Any, ...], list[int]] = {}
-        sizes: dict[int, int] = {}  # numbers of δ per bundle, by its first unit
-        for index, uses in enumerate(unit_calls):
-            if not uses:
-                continue
-            call = calls[uses[0][0]]
-            x = call.x
-            if len(uses) > 1 or uses[0][1] or call.lookup or x is None \
-                    or not units[index].weight or (self._sketch_dim is not None and
-                                                   _sketch_sides(call.shape[-1],
-                                                                 call.x_shape[-1],
-                                                                 self._sketch_dim)):
-                bundles.append([index])
-                continue
-            # same memory, shape and strides: the same values (none was edited in place)
-            key = (x.data_ptr(), x.device, x.dtype, tuple(x.shape), x.stride())
-            size = math.prod(call.shape)
-            bundle = by_input.get(key)
-            if bundle is not None and sizes[bundle[0]] + size <= WORKSPACE // _SHARE:
-                bundle.append(index)
-                sizes[bundle[0]] += size
-            else:
-                by_input[key] = [index]
-                sizes[index] = size
-                bundles.append(by_input[key])
-        return bundles
-
     def _token_rows(self, tensor: Any, n: int) -> Any:
         """(N, tokens, features) view of a layer input or output (checked by gram)."""
         if self._batch_dim % tensor.ndim:
@@ -975,55 +937,41 @@ class GradientCapture:
         if dim % ndim == ndim - 1:
             raise ValueError(f"`batch_dim`={dim} is the feature axis of layer {name!r}.")
 
-    def _accumulate(self, layers: list[_Unit], records: list[list[tuple[Any, Any]]], n: int,
+    def _accumulate(self, unit: _Unit, pairs: list[tuple[Any, Any]], n: int,
                     blocks: _Blocks, rows: _Rows, acc: Any,
-                    norms: list[tuple[str, str, Any]]) -> None:
-        """Add one bundle of units (see ``_bundles``) to the blocks, and the extremes of
-        each of their δ and inputs to ``norms``."""
+                    extremes: Any) -> None:
+        """Add one unit's calls (input, δ) to the blocks, and write the extremes of its δ
+        and inputs into ``extremes`` ((δ, input) × (min, max))."""
         torch = _torch()
-        sides = self._sides(layers[0], records[0]) if len(layers) == 1 else None
-        pairs = records[0]
-        if not layers[0].weight:  # a bias alone: its input was not kept
-            h = None
-        elif len(pairs) == 1:
-            h = self._token_rows(pairs[0][0], n)
-        else:  # a layer called several times: its gradient sums over every call's tokens
-            h = torch.cat([self._token_rows(x, n) for x, _ in pairs], dim=1)
-        ds = [self._token_rows(d, n) for pairs in records for _, d in pairs]
-        d = ds[0] if len(ds) == 1 else torch.cat(ds, dim=1 if len(records) == 1 else 2)
-        if d.dtype != acc:
-            d = d.to(acc)
+        ds = [self._token_rows(d, n) for _, d in pairs]
+        # a unit of several calls: its gradient sums over every call's tokens
+        d = ds[0] if len(ds) == 1 else torch.cat(ds, dim=1)
         # (min, max) reductions on the device, which propagate NaN; read only when K is not
         # finite
-        widths = [int(calls[0][1].shape[-1]) for calls in records]
-        norms.extend((unit.name, "output gradient", torch.aminmax(part))
-                     for unit, part in zip(layers, d.split(widths, dim=-1), strict=True))
-        if layers[0].weight:
-            norms.append((layers[0].name, "input", torch.aminmax(h)))
-        if any(layer.bias for layer in layers):
-            sums = d.sum(dim=1)
-            if not all(layer.bias for layer in layers):
-                widths = [int(part.shape[-1]) for part in ds]
-                sums = torch.cat([part for part, layer in zip(sums.split(widths, dim=1), layers,
-                                                              strict=True) if layer.bias],
-                                 dim=1)
-            rows.add(sums)
-        del ds, pairs, records
+        extremes[0] = torch.stack(torch.aminmax(d))
+        h = None
+        if unit.weight:
+            hs = [self._token_rows(x, n) for x, _ in pairs]
+            h = hs[0] if len(hs) == 1 else torch.cat(hs, dim=1)
+            extremes[1] = torch.stack(torch.aminmax(h))
+        del ds, pairs
+        if unit.bias:
+            rows.add_sums(d)
         if h is None:
             return
-        if h.dtype != acc:
-            h = h.to(acc)
+        sides = None if self._sketch_dim is None else \
+            _sketch_sides(int(d.shape[-1]), int(h.shape[-1]), self._sketch_dim)
         if sides is not None:
             k_out, k_in = sides
-            index = layers[0].index
+            d, h = d.to(acc), h.to(acc)
             if k_out < d.shape[-1]:
                 d = d @ _projection(torch, k_out, int(d.shape[-1]), self._sketch, self._seed,
-                                    index, 0).to(device=d.device, dtype=acc).T
+                                    unit.index, 0).to(device=d.device, dtype=acc).T
             if k_in < h.shape[-1]:
                 h = h @ _projection(torch, k_in, int(h.shape[-1]), self._sketch, self._seed,
-                                    index, 1).to(device=h.device, dtype=acc).T
+                                    unit.index, 1).to(device=h.device, dtype=acc).T
         elif blocks.token_pairs_cheaper(int(h.shape[1]), int(d.shape[-1]), int(h.shape[-1])):
-            blocks.add_token_pairs(d, h)
+            blocks.add_token_pairs(d.to(acc), h.to(acc))
             return
         rows.add_products(d, h)
 
@@ -1068,19 +1016,23 @@ def _reaches(root: Any, targets: set[int], leaves: set[int]) -> tuple[dict[int, 
 class _Stream:
     """gram()'s work, done while the backward runs: each covered output's δ is handed to
     its units as the backward reaches the layer; a unit is done as soon as the δ of all
-    its calls arrived (a bundle once all its units are), and its δ and inputs are then
-    released.  Only units of several calls (a layer called several times, a shared
-    parameter, a tied embedding) and bundles hold δ while the others arrive."""
+    its calls arrived, and its δ and inputs are then released.  Only units of several
+    calls (a layer called several times, a shared parameter, a tied embedding) hold δ
+    while their other calls' arrive."""
 
     def __init__(self, capture: GradientCapture, calls: list[_Call], units: list[_Unit],
-                 unit_calls: list[list[tuple[int, bool]]], bundles: list[list[int]], n: int,
-                 blocks: _Blocks, rows: _Rows, acc: Any,
-                 norms: list[tuple[str, str, Any]]) -> None:
+                 unit_calls: list[list[tuple[int, bool]]], n: int, blocks: _Blocks,
+                 rows: _Rows, acc: Any) -> None:
         self.torch = _torch()
         self.capture = capture
         self.units = units
-        self.bundles = bundles
-        self.n, self.blocks, self.rows, self.acc, self.norms = n, blocks, rows, acc, norms
+        self.n, self.blocks, self.rows, self.acc = n, blocks, rows, acc
+        # (min, max) of each unit's δ and input, reductions on the device that propagate
+        # NaN, read only when K is not finite: one tensor, so that the layers leave no small
+        # allocations behind between the backward's large ones (which would fragment the
+        # heap the backward allocates from)
+        self.extremes = self.torch.zeros(len(units), 2, 2, dtype=blocks.dtype,
+                                         device=blocks.device)
         self.device_type = blocks.device.type
         self.call_units: list[list[tuple[int, bool]]] = [[] for _ in calls]
         for unit, uses in enumerate(unit_calls):
@@ -1088,15 +1040,9 @@ class _Stream:
                 self.call_units[pos].append((unit, swap))
         self.pending: list[dict[int, tuple[Any, Any]]] = [{} for _ in units]
         self.remaining = [len(uses) for uses in unit_calls]
-        self.bundle_of = {unit: b for b, bundle in enumerate(bundles) for unit in bundle}
-        self.bundle_left = [len(bundle) for bundle in bundles]
-        self.done = [False] * len(bundles)
+        self.done = [not uses for uses in unit_calls]
         self.seen: set[int] = set()
         self.arrived = 0
-        # the largest number of δ held at once, and the most recorded inputs alive at once
-        # among those gram() still holds (for the memory tests)
-        self.held = 0
-        self.peak_held = 0
 
     def prehook(self, group: list[_Call]) -> Callable[[tuple[Any, ...]], None]:
         def hook(grads: tuple[Any, ...]) -> None:
@@ -1130,51 +1076,44 @@ class _Stream:
             call.x = None  # from here on only the units' pending pairs hold it
             for unit, swap in self.call_units[call.pos]:
                 self.pending[unit][call.pos] = (d, x) if swap else (x, d)
-                self.held += 1
                 self.remaining[unit] -= 1
                 if self.remaining[unit] == 0:
-                    b = self.bundle_of[unit]
-                    self.bundle_left[b] -= 1
-                    if self.bundle_left[b] == 0:
-                        self.peak_held = max(self.peak_held, self.held)
-                        self.run(b)
-            self.peak_held = max(self.peak_held, self.held)
+                    self.run(unit)
 
-    def run(self, b: int) -> None:
-        """Add bundle ``b`` to the blocks, its calls in forward order, and release them."""
-        self.done[b] = True
-        bundle = [unit for unit in self.bundles[b] if self.pending[unit]]
-        if not bundle:
-            return
-        records = [[self.pending[unit][pos] for pos in sorted(self.pending[unit])]
-                   for unit in bundle]
-        for unit in bundle:
-            self.held -= len(self.pending[unit])
-            self.pending[unit] = {}
-        self.capture._accumulate([self.units[unit] for unit in bundle], records, self.n,
-                                 self.blocks, self.rows, self.acc, self.norms)
+    def run(self, unit: int) -> None:
+        """Add ``unit`` to the blocks, its calls in forward order, and release them."""
+        self.done[unit] = True
+        pending, self.pending[unit] = self.pending[unit], {}
+        if pending:
+            pairs = [pending[pos] for pos in sorted(pending)]
+            del pending
+            self.capture._accumulate(self.units[unit], pairs, self.n, self.blocks, self.rows,
+                                     self.acc, self.extremes[unit])
 
     def finish(self, dense: bool) -> Any:
-        """The blocks, once the bundles some of whose δ never came are added too."""
+        """The blocks, once the units some of whose δ never came are added too."""
         torch = self.torch
         with torch.autocast(self.device_type, enabled=False), torch.no_grad():
-            for b, done in enumerate(self.done):
+            for unit, done in enumerate(self.done):
                 if not done:
-                    self.run(b)
+                    self.run(unit)
             self.rows.flush()
             return self.blocks.result(dense).to(self.acc)
 
 
-def _check_finite(out: Any, objectives: Any, norms: list[tuple[str, str, Any]]) -> None:
-    """Raise a ValueError saying where a non-finite Gram matrix comes from."""
+def _check_finite(out: Any, objectives: Any, names: list[str], extremes: Any) -> None:
+    """Raise a ValueError saying where a non-finite Gram matrix comes from (``extremes``:
+    per unit, the (min, max) of its δ and of its input)."""
     torch = _torch()
     if bool(torch.isfinite(out).all()):
         return
     if not bool(torch.isfinite(objectives.detach()).all()):
         where = "`objectives` holds NaN or inf"
     else:
-        bad = [f"{name!r} ({what})" for name, what, extremes in norms
-               if not all(bool(torch.isfinite(value)) for value in extremes)]
+        finite = torch.isfinite(extremes).all(dim=2).cpu().tolist()
+        bad = [f"{name!r} ({what})" for name, flags in zip(names, finite, strict=True)
+               for what, flag in zip(("output gradient", "input"), flags, strict=True)
+               if not flag]
         where = (f"NaN or inf in {', '.join(dict.fromkeys(bad))}" if bad else
                  f"its products overflowed {out.dtype} (K of magnitude beyond its range)")
     raise ValueError(f"the Gram matrix is not finite: {where}.")
@@ -1220,11 +1159,21 @@ class _Blocks:
                 block.addmm_(x[a:b], x[a:b].T)
 
     def token_pairs_cheaper(self, t: int, d_out: int, d_in: int) -> bool:
-        """Whether token pairs cost fewer multiply-adds than materialising Δᵀ H."""
+        """Whether token pairs cost less than materialising Δᵀ H, in multiply-adds.
+
+        Besides the products' multiply-adds, each route moves memory: a materialised row
+        element is written, widened to float64 and read by the float64 G Gᵀ (about 20
+        multiply-adds' time), a float64 multiply-add costs about 4 float32 ones, and a
+        token pair's product and sum about 36; each call has a fixed overhead.  The
+        constants are fitted to both routes' times over T = 2 to 128, d = 32 to 1024 and
+        groups of 4 to 16 (CPU): the choice is the faster route wherever they differ by
+        more than 1.5×."""
         if _FORCE_ROUTE is not None:
             return _FORCE_ROUTE == "pairs"
-        materialise = (self.n * t + self.squares) * d_out * d_in
-        return self.squares * t * t * (d_in + d_out + 1) < materialise
+        weights = d_out * d_in
+        materialise = (self.n * t + 4 * self.squares + 20 * self.n) * weights + 2e5
+        pairs = self.squares * t * t * (d_in + d_out + 36) + 1.5e6 + 4e4 * len(self.sizes)
+        return pairs < materialise
 
     def add_token_pairs(self, d: Any, h: Any) -> None:
         """K_ij += Σ_{t∈i, s∈j} ⟨δ_t, δ_s⟩⟨h_t, h_s⟩ within every group."""
@@ -1259,43 +1208,79 @@ class _Blocks:
 
 class _Rows:
     """Per-response feature rows (weight gradients Δ_iᵀ H_i or their sketches, bias
-    gradients), gathered side by side and added to the blocks as G Gᵀ in few products.
-    The pieces hold at most WORKSPACE / _SHARE numbers, so that with their concatenation
-    and its permutation into group order they stay well within WORKSPACE (a wider layer is
-    done in slices of its output rows)."""
+    gradients), written side by side into one workspace of WORKSPACE / _SHARE numbers and
+    added to the blocks as G Gᵀ, widened to the blocks' float64, when it is full (a wider
+    layer is done in slices of its output rows).  The workspace and its float64 copy are
+    allocated once per gram(): the products write into it, so that the layers' work does
+    not allocate memory of varying sizes (which the C allocator would keep)."""
 
-    def __init__(self, torch: Any, blocks: _Blocks) -> None:
+    def __init__(self, torch: Any, blocks: _Blocks, n: int, acc: Any) -> None:
         self.torch = torch
         self.blocks = blocks
-        self.capacity = max(1, WORKSPACE // _SHARE)
-        self.pieces: list[Any] = []
-        self.width = 0
+        self.n = n
+        self.acc = acc
+        self.capacity = max(n, WORKSPACE // _SHARE)
+        self.buffer: Any = None
+        self.wide: Any = None
+        self.pieces: list[tuple[int, int]] = []  # (offset, width) of each piece
+        self.used = 0
 
-    def add(self, piece: Any) -> None:
-        """Queue rows (N, F)."""
-        n, width = int(piece.shape[0]), int(piece.shape[1])
-        if self.pieces and n * (self.width + width) > self.capacity:
+    def _slot(self, width: int) -> Any:
+        """A (n, width) piece of the workspace, for rows to be added."""
+        size = self.n * width
+        if self.used + size > self.capacity:
             self.flush()
-        self.pieces.append(piece)
-        self.width += width
+        if size > self.capacity:  # one output row per response is more than the workspace
+            self.capacity, self.buffer, self.wide = size, None, None
+        if self.buffer is None:
+            self.buffer = self.torch.empty(self.capacity, dtype=self.acc,
+                                           device=self.blocks.device)
+        piece = self.buffer[self.used:self.used + size].view(self.n, width)
+        self.pieces.append((self.used, width))
+        self.used += size
+        return piece
+
+    def add_sums(self, d: Any) -> None:
+        """Queue the rows Σ_t δ_t (N, d_out) of a bias gradient."""
+        width = int(d.shape[-1])
+        for start in range(0, width, self.capacity // self.n):
+            part = d[..., start:start + self.capacity // self.n]
+            self.torch.sum(part, dim=1, dtype=self.acc, out=self._slot(int(part.shape[-1])))
 
     def add_products(self, d: Any, h: Any) -> None:
-        """Queue the rows Δ_iᵀ H_i (N, d_out · d_in), in slices of output rows."""
-        n, d_out, d_in = int(d.shape[0]), int(d.shape[-1]), int(h.shape[-1])
+        """Queue the rows Δ_iᵀ H_i (N, d_out · d_in), in slices of output rows; δ and h in
+        chunks of tokens when they must be widened to the accumulation dtype, so that the
+        widened copies stay within the workspace's size too."""
+        torch = self.torch
+        n, t, d_out, d_in = int(d.shape[0]), int(d.shape[1]), int(d.shape[-1]), int(h.shape[-1])
         step = max(1, self.capacity // max(1, n * d_in))
+        cast = d.dtype != self.acc or h.dtype != self.acc
+        chunk = max(1, self.capacity // (n * (d_out + d_in))) if cast else t
         dt = d.transpose(1, 2)
-        if step >= d_out:
-            self.add(self.torch.bmm(dt, h).reshape(n, -1))
-            return
         for start in range(0, d_out, step):
-            self.add(self.torch.bmm(dt[:, start:start + step], h).reshape(n, -1))
+            stop = min(d_out, start + step)
+            out = self._slot((stop - start) * d_in).view(n, stop - start, d_in)
+            for first in range(0, t, chunk):
+                dc = dt[:, start:stop, first:first + chunk].to(self.acc)
+                hc = h[:, first:first + chunk].to(self.acc)
+                if first == 0:
+                    torch.bmm(dc, hc, out=out)
+                else:
+                    out.baddbmm_(dc, hc)
 
     def flush(self) -> None:
         if not self.pieces:
             return
-        x = self.pieces[0] if len(self.pieces) == 1 else self.torch.cat(self.pieces, dim=1)
-        self.pieces, self.width = [], 0
-        self.blocks.add_rows(x)
+        rows = self.buffer
+        if self.blocks.dtype != rows.dtype:
+            if self.wide is None:
+                self.wide = self.torch.empty(self.capacity, dtype=self.blocks.dtype,
+                                             device=self.blocks.device)
+            self.wide[:self.used].copy_(rows[:self.used])
+            rows = self.wide
+        for offset, width in self.pieces:
+            self.blocks.add_rows(rows[offset:offset + self.n * width].view(self.n, width))
+        self.pieces, self.used = [], 0
 
 
 def response_objectives(
