@@ -19,7 +19,7 @@ from advcal.registry import (
     Estimator,
     _group_spread,
 )
-from advcal.sets import _ANALYTIC_JACOBIANS, _finite_difference_jacobian, _jacobian_flat
+from advcal.jacobian import _ANALYTIC_JACOBIANS, _finite_difference_jacobian, jacobian_flat
 
 # Group sizes of `ragged_example`.
 SIZES = [3, 5, 2, 4]
@@ -85,7 +85,7 @@ def test_centered_flag(name):
 def test_closed_form_and_analytic_jacobians_equal_finite_differences(name):
     values, offsets, needed = ragged_example(2)
     options = {key: needed[key] for key in REGISTRY[name].needs}
-    exact = _jacobian_flat(values, offsets, name, 1e-6, 1, options)
+    exact = jacobian_flat(values, offsets, name, 1e-6, 1, options)
     numeric = _finite_difference_jacobian(values, offsets, name, 1e-6, 1, options)
     np.testing.assert_allclose(exact, numeric, atol=1e-6)
 
