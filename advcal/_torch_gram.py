@@ -97,15 +97,20 @@ class _Call:
     output itself, so that the capture holds no activation the graph does not hold (the
     output only weakly, to see in-place edits while someone else keeps it)."""
 
-    __slots__ = ("owner", "order", "pos", "x", "x_version", "x_shape", "node", "output_nr",
-                 "shape", "y", "y_version", "view", "lookup")
+    __slots__ = ("owner", "order", "pos", "x", "x_ref", "recompute", "edge", "x_version",
+                 "x_shape", "node", "output_nr", "shape", "y", "y_version", "view", "lookup")
 
     def __init__(self, owner: int, order: int, x: Any, keep: bool, y: Any,
-                 lookup: bool) -> None:
+                 lookup: bool, recompute: bool = False) -> None:
         self.owner = owner  # the layer's index (the embedding's, for a lookup)
         self.order = order  # forward order among all calls
         self.pos = -1  # index among gram()'s calls
-        self.x = x if keep else None
+        # Inside non-reentrant activation checkpointing the graph does not keep the input:
+        # gram() takes it from the recomputation instead (held only weakly until then).
+        self.recompute = recompute
+        self.x = x if keep and not recompute else None
+        self.x_ref = weakref.ref(x) if recompute else None
+        self.edge = None if lookup or not x.requires_grad else _gradient_edge(x)
         self.x_version = x._version
         self.x_shape = tuple(x.shape)
         self.node = y.grad_fn
@@ -115,6 +120,23 @@ class _Call:
         self.y_version = y._version
         self.view = bool(y._is_view())
         self.lookup = lookup
+
+
+def _gradient_edge(tensor: Any) -> Any:
+    """The autograd edge of ``tensor`` (its node and output number), which gram()'s
+    backward may differentiate to without the capture holding the tensor."""
+    from torch.autograd.graph import get_gradient_edge
+
+    return get_gradient_edge(tensor)
+
+
+def _in_checkpoint(torch: Any) -> bool:
+    """Whether the forward runs inside non-reentrant activation checkpointing (its
+    saved-tensor hooks are the innermost): then a layer's input is recomputed in the
+    backward rather than kept by the graph."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    hooks: Any = top(False) if top is not None else None
+    return bool(hooks) and "_checkpoint_hook" in getattr(hooks[0], "__qualname__", "")
 
 
 class _Unit:
@@ -513,6 +535,8 @@ class GradientCapture:
         self._handles: list[Any] = []
         self._records: list[list[_Call]] | None = None
         self._count = 0  # calls recorded so far: their forward order
+        # layers run several times inside checkpointing whose earlier inputs were freed
+        self._lost: set[int] = set()
         self._silent: set[int] = set()
         self._nograd: set[int] = set()  # layers that ran with gradients disabled
         uses: dict[int, int] = {}
@@ -593,7 +617,19 @@ class GradientCapture:
                 self._nograd.add(index)
                 return
             x = args[0] if args else next(iter(kwargs.values()))
-            records[index].append(_Call(index, self._count, x, keep, output, False))
+            recompute = keep and _in_checkpoint(torch)
+            earlier = [call for call in records[index] if call.recompute]
+            if recompute and earlier:
+                # a layer run several times inside checkpointing: its recomputations could
+                # not be told apart, so its inputs are kept (those still alive)
+                recompute = False
+                for call in earlier:
+                    assert call.x_ref is not None
+                    call.x, call.x_ref, call.recompute = call.x_ref(), None, False
+                    if call.x is None:
+                        self._lost.add(index)
+            records[index].append(_Call(index, self._count, x, keep, output, False,
+                                        recompute))
             self._count += 1
 
         return hook
@@ -709,6 +745,13 @@ class GradientCapture:
         # per-layer seeds).
         self._silent = silent
         lookups = [call for calls in self._looked_up for call in calls]
+        if self._lost:
+            names = [self._layers[i].name for i in sorted(self._lost)]
+            raise ValueError(f"`layers`: {_shorten(names)} ran several times inside "
+                             "non-reentrant activation checkpointing, in different "
+                             "checkpointed segments, and K needs the input of each call: "
+                             "their recomputations cannot be told apart. Leave them out, or "
+                             "run the forward pass under the capture without checkpointing.")
         for call in flat + lookups:
             name = self._call_name(call)
             y = call.y()
@@ -749,6 +792,9 @@ class GradientCapture:
         try:
             for group in by_node.values():
                 handles.append(group[0].node.register_prehook(stream.prehook(group)))
+            for index in stream.recomputed:
+                handles.append(self._layers[index].module.register_forward_pre_hook(
+                    stream.recompute_hook(index), with_kwargs=True))
             del calls, by_node
             # The backward runs to the cheapest tensors below the covered layers (see
             # _targets); each covered layer's δ is consumed by its hook as the backward
@@ -772,6 +818,7 @@ class GradientCapture:
         finally:
             for handle in handles:
                 handle.remove()
+        stream.check_recomputed()
         if not stream.arrived:
             raise ValueError("`objectives` was not produced under the capture: it does not "
                              "depend on any recorded layer output.")
@@ -792,6 +839,7 @@ class GradientCapture:
         it alone; a layer on a branch that does not reach it adds its own input, or its
         smallest trainable parameter (the bias where it has one) when its input needs no
         gradient.  Raises ValueError for an output modified in place (its node bypassed)."""
+        torch = _torch()
         root_fn = root.grad_fn
         if root_fn is None:
             return [root] if root.requires_grad else []
@@ -811,15 +859,15 @@ class GradientCapture:
         leaves: set[int] = set()
         anchors: list[Any] = []  # keeps the target nodes' wrappers (and their ids) alive
 
-        def add(tensor: Any) -> None:
-            if any(tensor is t for t in targets):
+        def add(target: Any) -> None:
+            if any(target is t for t in targets):
                 return
-            targets.append(tensor)
-            if tensor.grad_fn is None:
-                leaves.add(id(tensor))
-            else:
-                anchors.append(tensor.grad_fn)
-                target_nodes.add(id(tensor.grad_fn))
+            targets.append(target)
+            if torch.is_tensor(target):  # a parameter
+                leaves.add(id(target))
+            else:  # the gradient edge of a layer's input
+                anchors.append(target.node)
+                target_nodes.add(id(target.node))
 
         for attempt in range(3):
             uncovered = [call for call in live if not reach[id(call.node)]]
@@ -828,10 +876,8 @@ class GradientCapture:
             if attempt == 2:
                 break
             call = uncovered[0]
-            x = call.x
-            if not call.lookup and x is not None and x.requires_grad \
-                    and (x.grad_fn is None or id(x.grad_fn) not in nodes):
-                add(x)
+            if call.edge is not None and id(call.edge.node) not in nodes:
+                add(call.edge)
             else:
                 add(self._smallest_parameter(call))
             reach, keep = _reaches(root_fn, target_nodes, leaves)
@@ -1043,6 +1089,9 @@ class _Stream:
         self.done = [not uses for uses in unit_calls]
         self.seen: set[int] = set()
         self.arrived = 0
+        # layer -> its one call whose input comes from the checkpoint's recomputation
+        self.recomputed = {call.owner: call for call in calls if call.recompute}
+        self.waiting: dict[int, Any] = {}  # δ that arrived before their input
 
     def prehook(self, group: list[_Call]) -> Callable[[tuple[Any, ...]], None]:
         def hook(grads: tuple[Any, ...]) -> None:
@@ -1053,10 +1102,39 @@ class _Stream:
 
         return hook
 
+    def recompute_hook(self, index: int) -> Callable[..., None]:
+        call = self.recomputed[index]
+
+        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            # the checkpoint's recomputation runs the layer with gradients enabled (a call
+            # of the segment under no_grad was not recorded, and is not this one)
+            if call.x is None and call.x_ref is not None and self.torch.is_grad_enabled():
+                x = args[0] if args else next(iter(kwargs.values()))
+                call.x, call.x_ref = x.detach(), None
+                delta = self.waiting.pop(call.pos, None)
+                if delta is not None:
+                    self.deliver(call, delta)
+
+        return hook
+
+    def check_recomputed(self) -> None:
+        if self.waiting:
+            names = [self.capture._call_name(call) for call in self.recomputed.values()
+                     if call.pos in self.waiting]
+            raise ValueError(f"layers {_shorten(names)}: the recomputation of their "
+                             "activation checkpoint did not run them, so their inputs "
+                             "are unknown and K cannot cover them.")
+
     def arrive(self, call: _Call, delta: Any) -> None:
-        torch = self.torch
         self.seen.add(call.pos)
         self.arrived += 1
+        if call.recompute and call.x is None:  # its recomputation has not run yet
+            self.waiting[call.pos] = delta
+            return
+        self.deliver(call, delta)
+
+    def deliver(self, call: _Call, delta: Any) -> None:
+        torch = self.torch
         with torch.autocast(self.device_type, enabled=False), torch.no_grad():
             if call.lookup:
                 # the lookups as a linear layer's calls: input the δ at the lookup, output
