@@ -98,16 +98,21 @@ class _Call:
     output only weakly, to see in-place edits while someone else keeps it)."""
 
     __slots__ = ("owner", "order", "pos", "x", "x_ref", "recompute", "edge", "x_version",
-                 "x_shape", "node", "output_nr", "shape", "y", "y_version", "view", "lookup")
+                 "x_shape", "node", "output_nr", "shape", "y", "y_version", "view", "lookup",
+                 "frame", "slot")
 
     def __init__(self, owner: int, order: int, x: Any, keep: bool, y: Any,
-                 lookup: bool, recompute: bool = False) -> None:
+                 lookup: bool, frame: Any = None, slot: int = 0) -> None:
         self.owner = owner  # the layer's index (the embedding's, for a lookup)
         self.order = order  # forward order among all calls
         self.pos = -1  # index among gram()'s calls
         # Inside non-reentrant activation checkpointing the graph does not keep the input:
         # gram() takes it from the recomputation instead (held only weakly until then).
-        self.recompute = recompute
+        # ``frame`` is the checkpoint's, and ``slot`` the number of earlier calls of the
+        # layer in it: its recomputation runs the calls again in the same order.
+        self.recompute = recompute = keep and frame is not None
+        self.frame = weakref.ref(frame) if recompute else None
+        self.slot = slot
         self.x = x if keep and not recompute else None
         self.x_ref = weakref.ref(x) if recompute else None
         self.edge = None if lookup or not x.requires_grad else _gradient_edge(x)
@@ -130,13 +135,42 @@ def _gradient_edge(tensor: Any) -> Any:
     return get_gradient_edge(tensor)
 
 
-def _in_checkpoint(torch: Any) -> bool:
-    """Whether the forward runs inside non-reentrant activation checkpointing (its
-    saved-tensor hooks are the innermost): then a layer's input is recomputed in the
-    backward rather than kept by the graph."""
+def _checkpoint_frame(torch: Any) -> tuple[Any, bool]:
+    """The non-reentrant activation checkpoint the code runs in (torch.utils.checkpoint's
+    frame of the innermost saved-tensor hooks), and whether it runs as the checkpoint's
+    recomputation in the backward rather than as the forward; (None, False) outside one,
+    or where torch's checkpoint is not built as this function knows it (then the capture
+    keeps the inputs itself)."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     hooks: Any = top(False) if top is not None else None
-    return bool(hooks) and "_checkpoint_hook" in getattr(hooks[0], "__qualname__", "")
+    if not hooks:
+        return None, False
+    pack = hooks[0]
+    recomputing = "_recomputation_hook" in getattr(pack, "__qualname__", "") or \
+        "_recomputation_hook" in getattr(getattr(pack, "__wrapped__", None), "__qualname__", "")
+    # the forward's pack hook closes over the frame; the recomputation's over a weak
+    # reference to it (inside the wrapper torch._dynamo.disable puts around it)
+    stack, seen = [(pack, 0)], set()
+    while stack:
+        fn, depth = stack.pop()
+        if id(fn) in seen or depth > 3:
+            continue
+        seen.add(id(fn))
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if isinstance(value, weakref.ref):
+                value = value()
+            if type(value).__name__ == "_CheckpointFrame":
+                return value, recomputing
+            if callable(value):
+                stack.append((value, depth + 1))
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is not None:
+            stack.append((wrapped, depth + 1))
+    return None, False
 
 
 class _Unit:
@@ -535,8 +569,6 @@ class GradientCapture:
         self._handles: list[Any] = []
         self._records: list[list[_Call]] | None = None
         self._count = 0  # calls recorded so far: their forward order
-        # layers run several times inside checkpointing whose earlier inputs were freed
-        self._lost: set[int] = set()
         self._silent: set[int] = set()
         self._nograd: set[int] = set()  # layers that ran with gradients disabled
         uses: dict[int, int] = {}
@@ -617,19 +649,13 @@ class GradientCapture:
                 self._nograd.add(index)
                 return
             x = args[0] if args else next(iter(kwargs.values()))
-            recompute = keep and _in_checkpoint(torch)
-            earlier = [call for call in records[index] if call.recompute]
-            if recompute and earlier:
-                # a layer run several times inside checkpointing: its recomputations could
-                # not be told apart, so its inputs are kept (those still alive)
-                recompute = False
-                for call in earlier:
-                    assert call.x_ref is not None
-                    call.x, call.x_ref, call.recompute = call.x_ref(), None, False
-                    if call.x is None:
-                        self._lost.add(index)
+            frame, recomputing = _checkpoint_frame(torch) if keep else (None, False)
+            if recomputing:  # a backward inside the forward: not a checkpointed forward
+                frame = None
+            slot = sum(1 for call in records[index]
+                       if call.frame is not None and call.frame() is frame)
             records[index].append(_Call(index, self._count, x, keep, output, False,
-                                        recompute))
+                                        frame, slot))
             self._count += 1
 
         return hook
@@ -745,13 +771,6 @@ class GradientCapture:
         # per-layer seeds).
         self._silent = silent
         lookups = [call for calls in self._looked_up for call in calls]
-        if self._lost:
-            names = [self._layers[i].name for i in sorted(self._lost)]
-            raise ValueError(f"`layers`: {_shorten(names)} ran several times inside "
-                             "non-reentrant activation checkpointing, in different "
-                             "checkpointed segments, and K needs the input of each call: "
-                             "their recomputations cannot be told apart. Leave them out, or "
-                             "run the forward pass under the capture without checkpointing.")
         for call in flat + lookups:
             name = self._call_name(call)
             y = call.y()
@@ -792,7 +811,7 @@ class GradientCapture:
         try:
             for group in by_node.values():
                 handles.append(group[0].node.register_prehook(stream.prehook(group)))
-            for index in stream.recomputed:
+            for index in stream.layers_recomputed:
                 handles.append(self._layers[index].module.register_forward_pre_hook(
                     stream.recompute_hook(index), with_kwargs=True))
             del calls, by_node
@@ -1089,8 +1108,17 @@ class _Stream:
         self.done = [not uses for uses in unit_calls]
         self.seen: set[int] = set()
         self.arrived = 0
-        # layer -> its one call whose input comes from the checkpoint's recomputation
-        self.recomputed = {call.owner: call for call in calls if call.recompute}
+        # (checkpoint, layer, slot) -> the call whose input comes from that recomputation
+        self.recomputed: dict[tuple[int, int, int], _Call] = {}
+        self.layers_recomputed: set[int] = set()
+        self.frames: list[Any] = []  # holds them: their ids key ``recomputed``
+        for call in calls:
+            frame = call.frame() if call.frame is not None else None
+            if frame is not None:
+                self.frames.append(frame)
+                self.recomputed[(id(frame), call.owner, call.slot)] = call
+                self.layers_recomputed.add(call.owner)
+        self.runs: dict[tuple[int, int], int] = {}  # calls of a layer seen per recomputation
         self.waiting: dict[int, Any] = {}  # δ that arrived before their input
 
     def prehook(self, group: list[_Call]) -> Callable[[tuple[Any, ...]], None]:
@@ -1103,12 +1131,19 @@ class _Stream:
         return hook
 
     def recompute_hook(self, index: int) -> Callable[..., None]:
-        call = self.recomputed[index]
-
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            # the checkpoint's recomputation runs the layer with gradients enabled (a call
-            # of the segment under no_grad was not recorded, and is not this one)
-            if call.x is None and call.x_ref is not None and self.torch.is_grad_enabled():
+            # the checkpoint's recomputation runs the recorded calls with gradients enabled
+            # (calls under no_grad were not recorded and take no slot)
+            if not self.torch.is_grad_enabled():
+                return
+            frame, recomputing = _checkpoint_frame(self.torch)
+            if frame is None or not recomputing:
+                return
+            key = (id(frame), index)
+            slot = self.runs.get(key, 0)
+            self.runs[key] = slot + 1
+            call = self.recomputed.get((id(frame), index, slot))
+            if call is not None and call.x is None:
                 x = args[0] if args else next(iter(kwargs.values()))
                 call.x, call.x_ref = x.detach(), None
                 delta = self.waiting.pop(call.pos, None)
@@ -1121,6 +1156,7 @@ class _Stream:
         if self.waiting:
             names = [self.capture._call_name(call) for call in self.recomputed.values()
                      if call.pos in self.waiting]
+            self.waiting.clear()
             raise ValueError(f"layers {_shorten(names)}: the recomputation of their "
                              "activation checkpoint did not run them, so their inputs "
                              "are unknown and K cannot cover them.")

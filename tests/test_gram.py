@@ -6,6 +6,8 @@ parameters the capture covers (``capture.parameters()``), then all inner product
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -940,3 +942,161 @@ def test_activation_checkpointing_records_only_the_forward() -> None:
     expected = layout_blocks(brute_force(model, batch, capture.parameters()),
                              {"group_size": 3})
     assert relative_error(gram, expected) < 1e-10
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+class Checkpointed(nn.Module):
+    """A model whose whole forward is one non-reentrant activation checkpoint."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.model, ids, attention_mask, use_reentrant=False)
+
+
+def architecture(kind: str, checkpointing: bool) -> nn.Module:
+    """The float64 models of this file, optionally under non-reentrant checkpointing (per
+    block for transformers' models, as gradient_checkpointing_enable sets it; the whole
+    forward for the others)."""
+    model = tiny_gpt2() if kind == "gpt2" else make_model(kind)
+    if not checkpointing:
+        return model
+    if kind in ("llama", "gpt2"):
+        model.model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.model.config.use_cache = False
+        return model.train()  # transformers checkpoints in training mode only (no dropout)
+    return Checkpointed(model)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("kind", ["mlp", "transformer", "llama", "lora", "gpt2"])
+def test_streaming_gram_equals_brute_force(kind: str, checkpointing: bool) -> None:
+    # Each layer's δ is consumed as the backward reaches it; under checkpointing its input
+    # comes from the recomputation. Exact and sketched (a sketch as wide as every weight
+    # is exact) against brute force on the model without checkpointing.
+    if kind in ("llama", "gpt2"):
+        pytest.importorskip("transformers")
+    model = architecture(kind, checkpointing)
+    batch = make_batch(9, vocab=VOCAB.get(kind, 11))
+    layout = LAYOUTS["shuffled ids"]
+    gram, capture = captured(model, batch, layout)
+    wide, _ = captured(model, batch, layout, sketch_dim=1 << 12)
+    if checkpointing and kind in ("llama", "gpt2"):
+        model.model.gradient_checkpointing_disable()
+    params = capture.parameters()
+    assert len(params) == len({id(p) for p in params}) > 0
+    expected = layout_blocks(brute_force(model, batch, params), layout)
+    assert relative_error(gram, expected) <= 1e-10
+    assert np.abs(gram - expected).max() <= 1e-10 * np.abs(expected).max()
+    np.testing.assert_allclose(wide, gram, rtol=1e-10, atol=1e-12 * np.abs(gram).max())
+
+
+class Deep(nn.Module):
+    """``depth`` residual blocks of two linear layers over token embeddings, each block
+    optionally under its own non-reentrant checkpoint."""
+
+    def __init__(self, depth: int, checkpointing: bool, d: int = 8, vocab: int = 11) -> None:
+        super().__init__()
+        self.checkpointing = checkpointing
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(d, 2 * d), nn.Tanh(),
+                                                  nn.Linear(2 * d, d)) for _ in range(depth))
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = x + (checkpoint(block, x, use_reentrant=False) if self.checkpointing
+                     else block(x))
+        return self.head(x)
+
+
+def most_output_gradients_alive(depth: int, checkpointing: bool) -> int:
+    """The most covered output gradients alive at once during gram() on ``Deep``: weak
+    references to each, taken as the backward passes it; when one arrives, count the
+    earlier ones still alive (distinct tensors: autograd may accumulate the residual
+    stream's gradient in place into one tensor, which is then the δ of several layers in
+    turn).  Also checks K against brute force."""
+    torch.manual_seed(0)
+    model = Deep(depth, checkpointing).double()
+    batch = make_batch(6)
+    seen: list[weakref.ref] = []
+    most = 0
+    recording = True
+
+    def track(grad: torch.Tensor) -> None:
+        nonlocal most
+        most = max(most, len({id(ref()) for ref in seen} - {id(None)}))
+        seen.append(weakref.ref(grad))
+
+    def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        # the forward's outputs only, not the recomputation's
+        if recording and output.requires_grad:
+            output.register_hook(track)
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, nn.Linear)]
+    with GradientCapture(model) as capture:
+        objectives = objectives_of(model, batch)
+    recording = False
+    gram = capture.gram(objectives, group_size=3)
+    for handle in handles:
+        handle.remove()
+    assert len(seen) == 2 * depth + 1  # every covered output's δ passed
+    expected = layout_blocks(brute_force(model, batch, capture.parameters()),
+                             {"group_size": 3})
+    assert relative_error(gram, expected) <= 1e-10
+    return most
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_output_gradients_alive_at_once_do_not_grow_with_depth(checkpointing: bool) -> None:
+    # Holding every δ until the end (one autograd.grad to all outputs) leaves 2·depth
+    # alive; streaming leaves none but those autograd itself has in flight.
+    shallow = most_output_gradients_alive(2, checkpointing)
+    assert most_output_gradients_alive(8, checkpointing) == shallow <= 2
+
+
+@pytest.mark.parametrize("route", [None, "materialise", "pairs"])
+def test_float32_model_within_1e_5_of_the_float64_truth(route: str | None,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    # Rows of 256·1024 products: summed in float32, ⟨G_i, G_j⟩ loses ~1e-4 of the largest
+    # entry; accumulated in float64 only the model's own float32 rounding remains
+    # (activations ~1e-7, products over 32 tokens in float32: ~1e-6).
+    monkeypatch.setattr(tg, "_FORCE_ROUTE", route)
+    torch.manual_seed(0)
+    reference = TokenMLP(vocab=256, d=256, hidden=1024).double()
+    model = TokenMLP(vocab=256, d=256, hidden=1024).float()
+    model.load_state_dict({k: v.float() for k, v in reference.state_dict().items()})
+    batch = make_batch(8, t=32, vocab=256)
+    layout = {"group_size": 8}
+    gram, capture = captured(model, batch, layout)
+    params = list(reference.parameters())[1:]  # fc1, fc2: every covered parameter
+    assert len(params) == len(capture.parameters())
+    expected = layout_blocks(brute_force(reference, batch, params), layout)
+    assert np.abs(gram - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize(("g", "groups", "d_in", "d_out", "t", "pairs"), [
+    # measured on CPU (one thread): the faster route, each at least 1.5x faster
+    (16, 4, 256, 256, 16, True), (16, 4, 256, 1024, 32, True), (8, 2, 256, 1024, 32, True),
+    (16, 4, 128, 512, 16, True), (16, 4, 256, 256, 64, False), (8, 2, 128, 128, 64, False),
+    (16, 4, 64, 64, 32, False), (4, 4, 1024, 256, 128, False), (8, 2, 256, 256, 4, True),
+])
+def test_route_choice_at_measured_sizes(g: int, groups: int, d_in: int, d_out: int, t: int,
+                                        pairs: bool) -> None:
+    blocks = tg._Blocks(torch, None, np.arange(0, g * groups + 1, g), torch.float32,
+                        torch.device("cpu"))
+    assert blocks.token_pairs_cheaper(t, d_out, d_in) == pairs

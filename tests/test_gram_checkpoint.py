@@ -7,6 +7,9 @@ covers (``brute_force`` of tests/test_gram.py); float64 results must match it to
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -336,3 +339,77 @@ def test_overflow_raises() -> None:
     assert torch.isfinite(objectives).all()
     with pytest.raises(ValueError, match="not finite: its products overflowed"):
         capture.gram(objectives, group_size=2)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_checkpointing_keeps_no_covered_input_alive() -> None:
+    # Inside non-reentrant checkpoints the graph drops the layers' inputs and the backward
+    # recomputes them; the capture takes them from that recomputation, so after the forward
+    # only the head's input (outside the checkpoints, kept by the graph) is alive.
+    pytest.importorskip("transformers")
+    model = checkpointed_llama(reentrant=False)
+    batch = make_batch(6, vocab=24)
+    inputs = []
+    handles = [m.register_forward_hook(lambda m, args, out: inputs.append(weakref.ref(args[0])))
+               for m in model.modules() if isinstance(m, nn.Linear)]
+    with GradientCapture(model) as capture:
+        objectives = objectives_of(model, batch)
+    for handle in handles:
+        handle.remove()
+    gc.collect()
+    assert len(inputs) == 15
+    assert sum(ref() is not None for ref in inputs) == 1
+    gram = capture.gram(objectives, **LAYOUTS["dense"])
+    expected = uncheckpointed_brute_force(model, batch, LAYOUTS["dense"])
+    assert relative_error(gram, expected) <= EXACT
+
+
+class Reused(TokenMLP):
+    """fc1 run twice: inside one checkpoint ("one segment"), or once in each of two
+    checkpoints ("two segments")."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(hidden=6)
+        self.where = where
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        def twice(e: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.fc1(e)) * torch.tanh(self.fc1(e.flip(1) + 0.1))
+
+        def once(e: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.fc1(e * 1.5))
+
+        e = self.embed(ids)
+        if self.where == "one segment":
+            return self.fc2(checkpoint(twice, e, use_reentrant=False))
+        h = checkpoint(once, e, use_reentrant=False)
+        return self.fc2(checkpoint(once, h, use_reentrant=False))
+
+
+@pytest.mark.parametrize("where", ["one segment", "two segments"])
+def test_a_layer_run_twice_inside_checkpointing(where: str) -> None:
+    # Each call's input comes from the recomputation of its own checkpoint, in the order
+    # the checkpoint runs its calls again; none is kept by the capture after the forward.
+    torch.manual_seed(0)
+    model = Reused(where).double()
+    batch = make_batch(6)
+    layout = {"group_size": 3}
+    inputs = []
+    handle = model.fc1.register_forward_hook(
+        lambda m, args, out: inputs.append(weakref.ref(args[0])))
+    with GradientCapture(model) as capture:
+        objectives = objectives_of(model, batch)
+    handle.remove()
+    gc.collect()
+    # a checkpoint keeps its own input (the embedding's output, which the first call in
+    # one segment reads), not the tensors computed inside it
+    alive = sum(ref() is not None for ref in inputs)
+    assert len(inputs) == 2 and alive == (1 if where == "one segment" else 0)
+    gram = capture.gram(objectives, **layout)
+    expected = layout_blocks(brute_force(model, batch, capture.parameters()), layout)
+    assert relative_error(gram, expected) <= EXACT
