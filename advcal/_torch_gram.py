@@ -1008,6 +1008,9 @@ class GradientCapture:
         """Add one unit's calls (input, δ) to the blocks, and write the extremes of its δ
         and inputs into ``extremes`` ((δ, input) × (min, max))."""
         torch = _torch()
+        # a tied embedding's lookups: their one-hot rows, dense for the exact routes
+        pairs = [(x.dense(acc) if isinstance(x, _OneHot) else x,
+                  d.dense(acc) if isinstance(d, _OneHot) else d) for x, d in pairs]
         ds = [self._token_rows(d, n) for _, d in pairs]
         # a unit of several calls: its gradient sums over every call's tokens
         d = ds[0] if len(ds) == 1 else torch.cat(ds, dim=1)
@@ -1024,21 +1027,104 @@ class GradientCapture:
             rows.add_sums(d)
         if h is None:
             return
-        sides = None if self._sketch_dim is None else \
-            _sketch_sides(int(d.shape[-1]), int(h.shape[-1]), self._sketch_dim)
-        if sides is not None:
-            k_out, k_in = sides
-            d, h = d.to(acc), h.to(acc)
-            if k_out < d.shape[-1]:
-                d = d @ _projection(torch, k_out, int(d.shape[-1]), self._sketch, self._seed,
-                                    unit.index, 0).to(device=d.device, dtype=acc).T
-            if k_in < h.shape[-1]:
-                h = h @ _projection(torch, k_in, int(h.shape[-1]), self._sketch, self._seed,
-                                    unit.index, 1).to(device=h.device, dtype=acc).T
-        elif blocks.token_pairs_cheaper(int(h.shape[1]), int(d.shape[-1]), int(h.shape[-1])):
+        if blocks.token_pairs_cheaper(int(h.shape[1]), int(d.shape[-1]), int(h.shape[-1])):
             blocks.add_token_pairs(d.to(acc), h.to(acc))
             return
         rows.add_products(d, h)
+
+
+    def _sketch_call(self, unit: _Unit, x: Any, d: Any, n: int, acc: Any, capacity: int,
+                     extremes: Any) -> tuple[Any, Any]:
+        """One call's sketched rows: (P_out Δᵀ)(H P_inᵀ) flattened (N, k_out·k_in), or Δᵀ H
+        for a weight of at most ``sketch_dim`` numbers, and Σ_t δ_t (N, d_out) for a bias
+        (None for what the unit does not cover).  Tokens in chunks, so that the widened and
+        projected copies stay within ``capacity`` numbers; the sketch of several calls is
+        the sum of theirs (it is linear)."""
+        torch = _torch()
+        dense_d = not isinstance(d, _OneHot)
+        drows = self._token_rows(d, n) if dense_d else None
+        if dense_d:
+            _extend(extremes[0], drows)
+        sums = drows.sum(dim=1, dtype=acc) if unit.bias and drows is not None else None
+        if not unit.weight:
+            return None, sums
+        hrows = self._token_rows(x, n) if not isinstance(x, _OneHot) else None
+        if hrows is not None:
+            _extend(extremes[1], hrows)
+        d_out, d_in = int(d.shape[-1]), int(x.shape[-1])
+        assert self._sketch_dim is not None
+        sides = _sketch_sides(d_out, d_in, self._sketch_dim)
+        k_out, k_in = sides if sides is not None else (d_out, d_in)
+        p_out = None if k_out == d_out else _projection(
+            torch, k_out, d_out, self._sketch, self._seed, unit.index, 0)
+        p_in = None if k_in == d_in else _projection(
+            torch, k_in, d_in, self._sketch, self._seed, unit.index, 1)
+        device = (drows if drows is not None else d.ids).device
+
+        def side(full: Any, rows: Any, p: Any, start: int, stop: int) -> Any:
+            if rows is None:  # one-hot rows: columns of the projection, or dense
+                ids = self._token_ids(full.ids, n)[:, start:stop].to(device=device,
+                                                                     dtype=torch.long)
+                if p is None:
+                    return _OneHot(ids, full.vocab, full.padding_idx).dense(acc)
+                return full.project(p, ids)
+            part = rows[:, start:stop].to(acc)
+            return part if p is None else part @ p.T
+
+        p_out = None if p_out is None else p_out.to(device=device, dtype=acc)
+        p_in = None if p_in is None else p_in.to(device=device, dtype=acc)
+        dense_rows: Any = drows if drows is not None else hrows
+        t = int(dense_rows.shape[1])
+        chunk = max(1, capacity // max(1, n * (d_out + d_in + k_out + k_in)))
+        out = torch.zeros(n, k_out, k_in, dtype=acc, device=device)
+        for start in range(0, t, chunk):
+            stop = min(t, start + chunk)
+            out.baddbmm_(side(d, drows, p_out, start, stop).transpose(1, 2),
+                         side(x, hrows, p_in, start, stop))
+        return out.reshape(n, -1), sums
+
+    def _token_ids(self, ids: Any, n: int) -> Any:
+        """(N, tokens) view of an embedding's ids (its output's axes but the last)."""
+        dim = self._batch_dim % (ids.ndim + 1)
+        if dim:
+            ids = ids.movedim(dim, 0)
+        return ids.reshape(n, -1)
+
+
+class _OneHot:
+    """The one-hot rows of an embedding's token ids, the output-gradient side of its
+    lookups as a linear layer's calls, formed only where a route needs them dense (the
+    sketch gathers columns of its projection instead)."""
+
+    def __init__(self, ids: Any, vocab: int, padding_idx: int | None) -> None:
+        self.ids = ids
+        self.vocab = vocab
+        self.padding_idx = padding_idx
+        self.shape = (*ids.shape, vocab)
+        self.ndim = len(self.shape)
+
+    def dense(self, dtype: Any) -> Any:
+        torch = _torch()
+        onehot = torch.zeros(self.shape, dtype=dtype, device=self.ids.device)
+        onehot.scatter_(-1, self.ids.to(torch.long)[..., None], 1.0)
+        if self.padding_idx is not None:  # its row gets no gradient
+            onehot[..., self.padding_idx] = 0.0
+        return onehot
+
+    def project(self, p: Any, ids: Any) -> Any:
+        """P (k, vocab) applied to the one-hot rows of ``ids`` (a chunk of the rows)."""
+        out = p.T[ids]
+        if self.padding_idx is not None:
+            out[ids == self.padding_idx] = 0.0
+        return out
+
+
+def _extend(extremes: Any, tensor: Any) -> None:
+    """Widen ``extremes`` (min, max) to cover ``tensor``'s values (NaN propagates)."""
+    torch = _torch()
+    low, high = torch.aminmax(tensor)
+    extremes[0] = torch.minimum(extremes[0], low.to(extremes.dtype))
+    extremes[1] = torch.maximum(extremes[1], high.to(extremes.dtype))
 
 
 def _modified_output(name: str, lookup: bool) -> ValueError:
@@ -1106,6 +1192,9 @@ class _Stream:
         self.pending: list[dict[int, tuple[Any, Any]]] = [{} for _ in units]
         self.remaining = [len(uses) for uses in unit_calls]
         self.done = [not uses for uses in unit_calls]
+        self.sketching = capture._sketch_dim is not None
+        # sketched: per unit, its calls' rows summed so far (weight, bias)
+        self.sums: list[Any] = [None] * len(units)
         self.seen: set[int] = set()
         self.arrived = 0
         # (checkpoint, layer, slot) -> the call whose input comes from that recomputation
@@ -1178,25 +1267,36 @@ class _Stream:
                 module = self.capture._embeddings[call.owner][1]
                 ids = call.x
                 assert ids is not None
-                onehot = torch.zeros(*ids.shape, int(module.weight.shape[0]), dtype=self.acc,
-                                     device=delta.device)
-                onehot.scatter_(-1, ids.to(device=delta.device, dtype=torch.long)[..., None],
-                                1.0)
-                if module.padding_idx is not None:  # its row gets no gradient
-                    onehot[..., module.padding_idx] = 0.0
-                x, d = delta, onehot
+                x, d = delta, _OneHot(ids.to(delta.device), int(module.weight.shape[0]),
+                                      module.padding_idx)
             else:
                 x, d = (None if call.x is None else call.x.detach()), delta
             call.x = None  # from here on only the units' pending pairs hold it
             for unit, swap in self.call_units[call.pos]:
-                self.pending[unit][call.pos] = (d, x) if swap else (x, d)
+                pair = (d, x) if swap else (x, d)
                 self.remaining[unit] -= 1
+                if self.sketching:
+                    # each call's sketch now; a unit of several calls sums them
+                    rows = self.capture._sketch_call(self.units[unit], pair[0], pair[1],
+                                                     self.n, self.acc, self.rows.capacity,
+                                                     self.extremes[unit])
+                    sums = self.sums[unit]
+                    self.sums[unit] = rows if sums is None else [
+                        a if b is None else b if a is None else a.add_(b)
+                        for a, b in zip(sums, rows, strict=True)]
+                else:
+                    self.pending[unit][call.pos] = pair
                 if self.remaining[unit] == 0:
                     self.run(unit)
 
     def run(self, unit: int) -> None:
         """Add ``unit`` to the blocks, its calls in forward order, and release them."""
         self.done[unit] = True
+        sums, self.sums[unit] = self.sums[unit], None
+        if sums is not None:
+            for part in reversed(sums):  # the bias's rows first
+                if part is not None:
+                    self.rows.add(part)
         pending, self.pending[unit] = self.pending[unit], {}
         if pending:
             pairs = [pending[pos] for pos in sorted(pending)]
@@ -1353,6 +1453,14 @@ class _Rows:
         self.pieces.append((self.used, width))
         self.used += size
         return piece
+
+    def add(self, piece: Any) -> None:
+        """Queue rows (N, F)."""
+        width = int(piece.shape[1])
+        step = max(1, self.capacity // self.n)
+        for start in range(0, width, step):
+            part = piece[:, start:start + step]
+            self._slot(int(part.shape[1])).copy_(part)
 
     def add_sums(self, d: Any) -> None:
         """Queue the rows Σ_t δ_t (N, d_out) of a bias gradient."""
