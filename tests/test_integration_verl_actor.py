@@ -66,6 +66,7 @@ def _data(seed: int = 0, uids: np.ndarray = UIDS) -> DataProto:
     return DataProto.from_dict(
         tensors={"input_ids": torch.as_tensor(ids), "attention_mask": attention_mask,
                  "position_ids": compute_position_id_with_mask(attention_mask),
+                 "prompts": torch.as_tensor(ids[:, :P]),
                  "responses": torch.as_tensor(ids[:, P:]),
                  "response_mask": torch.as_tensor(response_mask.astype(np.int64))},
         non_tensors={"uid": uids.copy()})
@@ -325,3 +326,165 @@ def test_whole_group_order_gives_each_rank_whole_groups() -> None:
         integration._whole_group_order(uneven, 2)
     with pytest.raises(ValueError, match="not a multiple of 5"):
         integration._whole_group_order(uids, 5)
+
+
+# ------------------------------------------------------------------ verl's single controller
+
+from verl.single_controller.base import Worker  # noqa: E402
+from verl.single_controller.base.decorator import (  # noqa: E402
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
+
+
+class TinyActor(Worker):
+    """A CPU stand-in for verl's ActorRolloutRefWorker (which needs an accelerator): the
+    tiny Llama as the actor model, the actor mesh's dispatch info, and a compute_log_prob
+    in the model engine's output format (nested per-token tensors; zeros here)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self._register_dispatch_collect_info("actor", dp_rank=self.rank, is_collect=True)
+        self.advcal_module = _model(seed)
+        self.received: list[list[str]] = []
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def compute_log_prob(self, data):
+        from verl.utils import tensordict_utils as tu
+
+        ids = data["input_ids"]
+        zeros = torch.nested.nested_tensor_from_jagged(
+            torch.zeros(ids.values().shape, dtype=torch.float32), offsets=ids.offsets())
+        return tu.get_tensordict(tensor_dict={"log_probs": zeros, "entropy": zeros.clone()},
+                                 non_tensor_dict={"metrics": {"mfu": 0.0}})
+
+
+@pytest.fixture(scope="module")
+def worker_group():
+    """verl's RayWorkerGroup of two CPU ranks, built from gram_worker_class(TinyActor)."""
+    ray = pytest.importorskip("ray")
+    import os
+    import shutil
+    import tempfile
+
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # socket paths under 107 bytes
+    saved = {key: os.environ.get(key) for key in ("PYTHONPATH", "VERL_USE_EXTERNAL_PLUGINS")}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, saved["PYTHONPATH"]]))
+    os.environ["VERL_USE_EXTERNAL_PLUGINS"] = "none"  # the workers import the module itself
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
+    try:
+        pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, max_colocate_count=1)
+        cls = RayClassWithInitArgs(cls=ray.remote(integration.gram_worker_class(TinyActor)),
+                                   seed=0)
+        yield RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls)
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+SPLIT = np.array(list("abcdabcdbadc"), dtype=object)  # verl's chunk(2) splits every group
+
+
+def test_worker_method_over_two_ranks_with_split_groups(worker_group) -> None:
+    data = _data(5, SPLIT)
+    expected = integration.compute_gram_rows(_model(0), data)
+    rows = integration.gram_from_workers(worker_group, data)
+    _close(rows.numpy(), expected, rtol=1e-12)
+    # dispatched as it comes, each rank sees half of every group: not the groups' Gram
+    naive = worker_group.compute_advcal_gram(data.select(
+        batch_keys=list(integration.GRAM_FIELDS), non_tensor_batch_keys=["uid"]))
+    assert naive.batch[integration.GRAM_KEY].shape[1] < expected.shape[1]
+    with pytest.raises(ValueError, match="data.train_batch_size"):
+        integration.gram_from_workers(worker_group,
+                                      _data(5, np.array(list("abcabcabcabc"), dtype=object)))
+
+
+def test_trainer_hook_between_old_log_prob_and_compute_advantage(worker_group, tmp_path
+                                                                 ) -> None:
+    """install()'s wrapper of verl's own RayPPOTrainer._compute_old_log_prob attaches the
+    rows, which reach setgrpo through verl's compute_advantage."""
+    from omegaconf import OmegaConf
+
+    trainer_cls = ray_trainer.RayPPOTrainer
+    saved = (trainer_cls.init_workers, trainer_cls._compute_old_log_prob,
+             ray_trainer.compute_advantage)
+    try:
+        integration.install()
+        integration.install()  # idempotent
+        trainer = type("Trainer", (), {})()
+        trainer.config = OmegaConf.create({
+            "algorithm": {"adv_estimator": "setgrpo"},
+            "actor_rollout_ref": {"actor": {}, "rollout": {"temperature": 1.0}}})
+        trainer.actor_rollout_wg = worker_group
+        batch = _data(6, SPLIT)
+        old, _ = trainer_cls._compute_old_log_prob(trainer, batch)
+        expected = integration.compute_gram_rows(_model(0), batch)
+        _close(old.batch[integration.GRAM_KEY].numpy(), expected, rtol=1e-12)
+        batch = batch.union(old)  # as fit() does
+        rng = np.random.default_rng(7)
+        clean = rng.uniform(0, 1, (300, 3))
+        calibration = advcal.calibrate_sets(clean + rng.normal(0, 0.02, clean.shape),
+                                            clean + rng.normal(0, 0.02, clean.shape),
+                                            alpha=0.2)
+        integration.configure("setgrpo", calibration=calibration, tau=0.3)
+        scores = np.round(rng.uniform(0, 1, SPLIT.size), 2).astype(np.float32)
+        rewards = torch.zeros(SPLIT.size, R)
+        rewards[:, 0] = torch.as_tensor(scores)
+        batch.batch["token_level_rewards"] = rewards
+        out = ray_trainer.compute_advantage(batch, "setgrpo")
+        coefficients = advcal.setgrpo(
+            scores.astype(np.float64), group_ids=SPLIT,
+            gram=integration.gram_blocks(expected, SPLIT), calibration=calibration,
+            tau=0.3).coefficients
+        np.testing.assert_allclose(out.batch["advantages"][:, 0].numpy(), coefficients,
+                                   rtol=1e-6, atol=1e-7)  # float32 advantages
+        # another estimator: no Gram pass
+        trainer.config.algorithm.adv_estimator = "grpo"
+        old, _ = trainer_cls._compute_old_log_prob(trainer, _data(6, SPLIT))
+        assert integration.GRAM_KEY not in old.batch.keys()
+    finally:
+        trainer_cls.init_workers, trainer_cls._compute_old_log_prob = saved[:2]
+        ray_trainer.compute_advantage = saved[2]
+        for obj, name in ((trainer_cls, "_advcal_installed"),
+                          (ray_trainer, "_advcal_original_compute_advantage")):
+            if hasattr(obj, name):
+                delattr(obj, name)
+
+
+def test_actor_roles_get_the_gram_worker() -> None:
+    ray = pytest.importorskip("ray")
+    mapping = {ray_trainer.Role.ActorRollout: ray.remote(TinyActor),
+               ray_trainer.Role.Critic: ray.remote(TinyActor)}
+    integration._use_gram_workers(mapping)
+    built = mapping[ray_trainer.Role.ActorRollout].__ray_metadata__.modified_class
+    assert issubclass(built, integration.GramWorkerMixin) and issubclass(built, TinyActor)
+    critic = mapping[ray_trainer.Role.Critic].__ray_metadata__.modified_class
+    assert not issubclass(critic, integration.GramWorkerMixin)
+    assert integration.gram_worker_class(TinyActor) is integration.gram_worker_class(TinyActor)
+
+
+def test_options_in_the_environment_install_the_hooks() -> None:
+    """verl loads advcal as a plugin in every process; with a "setgrpo" entry in
+    ADVCAL_VERL_OPTIONS that import installs the trainer hooks."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, VERL_USE_EXTERNAL_PLUGINS="none",
+               VERL_USE_EXTERNAL_MODULES="advcal.integrations.verl",
+               ADVCAL_VERL_OPTIONS=json.dumps({"setgrpo": {"gram_sketch_dim": 64}}))
+    code = ("import verl.trainer.ppo.ray_trainer as rt; "
+            "print(getattr(rt.RayPPOTrainer, '_advcal_installed', False), "
+            "rt.compute_advantage.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout.split()
+    assert out[-2:] == ["True", "advcal.integrations.verl"]

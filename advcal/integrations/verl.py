@@ -777,7 +777,9 @@ def _make_mixin() -> type:
         def compute_advcal_gram(self, data: Any) -> Any:
             return _gram_method(self, data)
 
+    # pickled by reference into Ray's workers, where this module defines it as well
     GramWorkerMixin.__module__ = __name__
+    GramWorkerMixin.__qualname__ = "GramWorkerMixin"
     return GramWorkerMixin
 
 
@@ -906,6 +908,21 @@ def _estimator_is_setgrpo(trainer: Any) -> bool:
     return getattr(name, "value", name) == "setgrpo"
 
 
+def _use_gram_workers(role_worker_mapping: dict[Any, Any]) -> None:
+    """Build the actor's workers (roles ActorRollout, ActorRolloutRef) with the Gram method."""
+    import ray
+    from ray.actor import ActorClass
+    from verl.trainer.ppo.ray_trainer import Role
+
+    for role in (Role.ActorRollout, Role.ActorRolloutRef):
+        remote = role_worker_mapping.get(role)
+        if isinstance(remote, ActorClass):
+            metadata: Any = getattr(remote, "__ray_metadata__")  # noqa: B009
+            base = metadata.modified_class.__bases__[0]  # ray.remote subclasses the class
+            if not issubclass(base, GramWorkerMixin):
+                role_worker_mapping[role] = ray.remote(gram_worker_class(base))
+
+
 def install() -> None:
     """Hook SetGRPO's Gram pass into verl's ``RayPPOTrainer``.
 
@@ -934,17 +951,7 @@ def install() -> None:
 
     def advcal_init_workers(self: Any) -> Any:
         if _estimator_is_setgrpo(self):
-            from ray.actor import ActorClass
-
-            for role in (ray_trainer.Role.ActorRollout, ray_trainer.Role.ActorRolloutRef):
-                remote = self.role_worker_mapping.get(role)
-                if isinstance(remote, ActorClass):
-                    metadata: Any = getattr(remote, "__ray_metadata__")  # noqa: B009
-                    base = metadata.modified_class.__bases__[0]
-                    if not issubclass(base, GramWorkerMixin):
-                        import ray
-
-                        self.role_worker_mapping[role] = ray.remote(gram_worker_class(base))
+            _use_gram_workers(self.role_worker_mapping)
         return init_workers(self)
 
     def advcal_compute_old_log_prob(self: Any, batch: Any) -> Any:
