@@ -2,9 +2,12 @@
 
 GGSR needs, per group, K_ij = ⟨g_i, g_j⟩ with g_i the gradient of response i's policy
 objective J_i.  For a linear layer y = W h + b, ∇_W J_i = Σ_{t∈i} δ_t h_tᵀ with δ_t = ∂J/∂y_t,
-so one forward pass (hooks record every selected layer's input h and output y) and one
-``torch.autograd.grad`` of ΣJ with respect to the recorded outputs give every δ: responses are
-independent rows of the batch, so ∂(Σ_j J_j)/∂y_t = ∂J_i/∂y_t for a token t of response i.
+so one forward pass (hooks record every selected layer's input h and its output's autograd
+node) and one backward pass of ΣJ give every δ: responses are independent rows of the batch,
+so ∂(Σ_j J_j)/∂y_t = ∂J_i/∂y_t for a token t of response i.  The δ are streamed: a hook on
+each output's node turns δ into the layer's contribution when the backward reaches it, so
+they are never held all at once; inside non-reentrant activation checkpoints the layer's
+input comes from the checkpoint's recomputation.
 
 Exact mode sums, layer by layer and group by group, the cheaper of two exact routes:
 materialising G_i = Δ_iᵀ H_i (about T·d_in·d_out per response), or token pairs
