@@ -269,6 +269,30 @@ def test_bad_batches_are_named() -> None:
         integration.compute_gram_rows(model, data, width=2)
 
 
+def test_worker_settings_follow_the_actor_config() -> None:
+    actor = {"loss_agg_mode": "seq-mean-token-mean", "loss_scale_factor": None,
+             "ppo_micro_batch_size_per_gpu": 2, "use_dynamic_bsz": False,
+             "ppo_max_token_len_per_gpu": 999}
+    meta = {"temperature": 0.7, "advcal_longest": 7, "advcal_batch_num_tokens": 30.0,
+            "advcal_global_batch_size": 9.0, "advcal_gram_width": 4}
+    settings = integration._gram_settings({"gram_sketch_dim": 64, "gram_layers": "lora"},
+                                          actor, meta)
+    assert settings == {"layers": "lora", "sketch_dim": 64, "seed": 0, "sketch": "gaussian",
+                        "loss_agg_mode": "seq-mean-token-mean", "loss_scale_factor": None,
+                        "max_token_len": 14, "temperature": 0.7, "batch_num_tokens": 30.0,
+                        "global_batch_size": 9.0, "width": 4}
+    dynamic = integration._gram_settings({}, dict(actor, use_dynamic_bsz=True), meta)
+    assert dynamic["max_token_len"] == 999 and dynamic["sketch_dim"] is None
+    chosen = integration._gram_settings({"gram_max_token_len": 50, "loss_agg_mode": "token-sum"},
+                                        actor, meta)
+    assert chosen["max_token_len"] == 50 and chosen["loss_agg_mode"] == "token-sum"
+
+
+def test_worker_without_an_actor_model_is_named() -> None:
+    with pytest.raises(ValueError, match="advcal_module"):
+        integration._actor_of(object())
+
+
 # ------------------------------------------------------------------ SetGRPO in verl
 
 

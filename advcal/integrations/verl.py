@@ -699,9 +699,11 @@ def _gram_settings(options: dict[str, Any], actor_config: Any, meta: dict[str, A
         return default if value is None else value
 
     budget = options.get("gram_max_token_len")
-    if budget is None:
+    if budget is None and config("use_dynamic_bsz", False):
         budget = config("ppo_max_token_len_per_gpu", None)
-        budget = budget if config("use_dynamic_bsz", False) else None
+    elif budget is None and config("ppo_micro_batch_size_per_gpu", None):
+        # as many rows as the actor's micro-batch, at the batch's longest row
+        budget = int(config("ppo_micro_batch_size_per_gpu", 1)) * int(meta.get("advcal_longest", 1))
     return {
         "layers": options.get("gram_layers"),
         "sketch_dim": options.get("gram_sketch_dim"),
@@ -893,6 +895,7 @@ def gram_from_workers(worker_group: Any, data: Any, *, dp_size: int | None = Non
         "advcal_batch_num_tokens": float(mask.sum()),
         "advcal_global_batch_size": float((mask.sum(dim=1) > 0).sum()),
         "advcal_gram_width": int(np.diff(index.offsets).max(initial=0)),
+        "advcal_longest": int(data.batch["attention_mask"].sum(dim=1).max()),
     }
     output = worker_group.compute_advcal_gram(shipped)
     if hasattr(output, "get"):  # a DataProtoFuture
