@@ -219,6 +219,29 @@ def _reordered_blocks(rows: np.ndarray, moved: list[int]) -> np.ndarray:
     return np.concatenate([full[np.ix_(m, m)].ravel() for m in _members(new)])
 
 
+def test_a_given_number_of_forwards_for_ranks_in_step() -> None:
+    """Under FSDP all ranks run as many forwards: split further, then spare forwards."""
+    model = _model(1)
+    data = _data(1)
+    whole = integration.compute_gram_rows(model, data)
+    calls = []
+    handle = model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        assert integration.gram_forwards(data) == 1
+        assert integration.gram_forwards(data, max_token_len=1) == 3  # three groups
+        for forwards in (1, 2, 3, 5):
+            calls.clear()
+            rows = integration.compute_gram_rows(model, data, forwards=forwards)
+            assert len(calls) == forwards
+            _close(rows, whole, rtol=1e-12)
+    finally:
+        handle.remove()
+    with pytest.raises(ValueError, match="below the 3 forwards"):
+        integration.compute_gram_rows(model, data, max_token_len=1, forwards=2)
+    with pytest.raises(ValueError, match="forwards"):
+        integration.compute_gram_rows(model, data, forwards=0)
+
+
 def test_sketched_rows_do_not_depend_on_the_chunks() -> None:
     model = _model(2)
     data = _data(2)

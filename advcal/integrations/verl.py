@@ -48,7 +48,7 @@ import advcal
 
 __all__ = ["ESTIMATORS", "GRAM_OPTIONS", "LOSS_AGG_MODES", "OPTIONS_ENV", "GramWorkerMixin",
            "attach_gram", "compute_advantage", "compute_gram_rows", "configure", "gram_blocks",
-           "gram_from_workers", "gram_rows", "gram_worker_class", "install",
+           "gram_forwards", "gram_from_workers", "gram_rows", "gram_worker_class", "install",
            "patch_compute_advantage", "policy_objectives", "response_log_probs"]
 
 OPTIONS_ENV = "ADVCAL_VERL_OPTIONS"
@@ -554,11 +554,14 @@ def _field(data: Any, key: str) -> Any:
                          "non_tensor_batch['uid'].") from None
 
 
-def _group_chunks(index: Any, cost: np.ndarray, max_token_len: int | None) -> list[np.ndarray]:
-    """Rows of whole groups per forward, in group order: a chunk grows while its padded
-    size (rows × longest row) stays within ``max_token_len``; a group larger than that
-    is a chunk of its own (a group's Gram needs all its members in one forward)."""
-    chunks: list[np.ndarray] = []
+def _group_chunks(index: Any, cost: np.ndarray, max_token_len: int | None,
+                 forwards: int | None = None) -> list[list[np.ndarray]]:
+    """Whole groups per forward, in group order: a chunk grows while its padded size
+    (rows × longest row) stays within ``max_token_len``; a group larger than that is a
+    chunk of its own (a group's Gram needs all its members in one forward).  With
+    ``forwards``, chunks of several groups are halved until there are that many, if the
+    groups allow."""
+    chunks: list[list[np.ndarray]] = []
     members: list[np.ndarray] = []
     rows, longest = 0, 0
     for q in range(index.offsets.size - 1):
@@ -566,14 +569,32 @@ def _group_chunks(index: Any, cost: np.ndarray, max_token_len: int | None) -> li
         g_longest = int(cost[group].max(initial=0))
         grown = (rows + group.size) * max(longest, g_longest)
         if members and max_token_len is not None and grown > max_token_len:
-            chunks.append(np.sort(np.concatenate(members)))
+            chunks.append(members)
             members, rows, longest = [], 0, 0
         members.append(group)
         rows += group.size
         longest = max(longest, g_longest)
     if members:
-        chunks.append(np.sort(np.concatenate(members)))
+        chunks.append(members)
+    while forwards is not None and len(chunks) < forwards:
+        widest = max(range(len(chunks)), key=lambda c: len(chunks[c]))
+        if len(chunks[widest]) < 2:
+            break
+        half = len(chunks[widest]) // 2
+        chunks[widest:widest + 1] = [chunks[widest][:half], chunks[widest][half:]]
     return chunks
+
+
+def gram_forwards(data: Any, max_token_len: int | None = None) -> int:
+    """How many forwards :func:`compute_gram_rows` runs on ``data`` with this budget.
+
+    Under FSDP every rank of the data-parallel group must run as many forwards (each one
+    gathers the sharded weights collectively): the worker method takes the largest count
+    over the ranks and passes it as ``compute_gram_rows(..., forwards=...)``.
+    """
+    uids = np.asarray(data.non_tensor_batch["uid"], dtype=object)
+    lengths = _field(data, "attention_mask").detach().to(dtype=bool).sum(dim=1).cpu().numpy()
+    return len(_group_chunks(advcal.groups_from_ids(uids), lengths, max_token_len))
 
 
 def _rows(tensor: Any, rows: Any, device: Any) -> Any:
@@ -586,7 +607,8 @@ def compute_gram_rows(module: Any, data: Any, *, layers: Any = None,
                       loss_agg_mode: str = "token-mean", temperature: float = 1.0,
                       max_token_len: int | None = None, dp_size: int = 1,
                       batch_num_tokens: Any = None, global_batch_size: Any = None,
-                      loss_scale_factor: Any = None, width: int | None = None) -> np.ndarray:
+                      loss_scale_factor: Any = None, width: int | None = None,
+                      forwards: int | None = None) -> np.ndarray:
     """The worker-side Gram pass: each response's Gram row under the actor's current policy.
 
     Runs the actor on ``data`` in verl's padded layout with gradients enabled, under
@@ -619,6 +641,10 @@ def compute_gram_rows(module: Any, data: Any, *, layers: Any = None,
         not given (so chunks share them); the trainer hook passes the whole step's.
     width : int, optional
         Columns of the result (at least the largest group); default the largest group.
+    forwards : int, optional
+        Run exactly this many forwards (at least :func:`gram_forwards`): chunks of several
+        groups are split further, and where the groups run out the last chunk runs again,
+        its result unused.  Under FSDP every rank must run as many.
 
     Returns
     -------
@@ -666,7 +692,16 @@ def compute_gram_rows(module: Any, data: Any, *, layers: Any = None,
     attention = attention_mask.detach().to(torch.bool)
     lengths = attention.sum(dim=1).cpu().numpy()
     device = next((p.device for p in module.parameters()), input_ids.device)
-    for rows in _group_chunks(index, lengths, max_token_len):
+    if forwards is not None and (isinstance(forwards, bool)
+                                 or not isinstance(forwards, (int, np.integer)) or forwards < 1):
+        raise ValueError(f"`forwards` must be None or a positive integer; got {forwards!r}.")
+    plan = [np.sort(np.concatenate(groups))
+            for groups in _group_chunks(index, lengths, max_token_len, forwards)]
+    if forwards is not None and forwards < len(plan):
+        raise ValueError(f"`forwards` ({forwards}) is below the {len(plan)} forwards this "
+                         "batch needs under this budget (see gram_forwards).")
+    spare = 0 if forwards is None else forwards - len(plan)
+    for step, rows in enumerate(plan + [plan[-1]] * spare):
         picked = torch.as_tensor(rows, device=input_ids.device)
         with GradientCapture(module, layers, sketch_dim=sketch_dim, seed=seed,
                              sketch=sketch) as capture:
@@ -681,8 +716,9 @@ def compute_gram_rows(module: Any, data: Any, *, layers: Any = None,
                 loss_scale_factor=loss_scale_factor)
         blocks = capture.gram(objectives, group_ids=uids[rows])
         del objectives, logp, capture
-        chunk_rows = gram_rows(blocks, uids[rows])
-        out[rows, :chunk_rows.shape[1]] = chunk_rows
+        if step < len(plan):  # past it: a rank's spare forward, in step with the others
+            chunk_rows = gram_rows(blocks, uids[rows])
+            out[rows, :chunk_rows.shape[1]] = chunk_rows
     return out
 
 
@@ -746,6 +782,17 @@ def _actor_of(worker: Any) -> tuple[Any, Any, Any]:
                      "`advcal_module` on the worker to the actor's torch module.")
 
 
+def _data_parallel_group(worker: Any) -> Any:
+    """The actor's data-parallel process group when it has more than one rank, else None."""
+    import torch
+
+    engine = getattr(getattr(worker, "actor", None), "engine", None)
+    if engine is None or not torch.distributed.is_initialized():
+        return None
+    group = engine.get_data_parallel_group()
+    return group if group is not None and torch.distributed.get_world_size(group) > 1 else None
+
+
 def _dispatch_mode() -> Any:
     from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn
 
@@ -759,6 +806,12 @@ def _gram_method(self: Any, data: Any) -> Any:
 
     module, context, actor_config = _actor_of(self)
     settings = _gram_settings(_options("setgrpo"), actor_config, dict(data.meta_info))
+    group = _data_parallel_group(self)
+    if group is not None:
+        count = torch.tensor([gram_forwards(data, settings["max_token_len"])],
+                             device=next((p.device for p in module.parameters()), "cpu"))
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX, group=group)
+        settings["forwards"] = int(count.item())
     with context:
         rows = compute_gram_rows(module, data, **settings)
     return DataProto.from_dict(tensors={GRAM_KEY: torch.as_tensor(rows)})
