@@ -17,6 +17,7 @@ from verl import DataProto  # noqa: E402
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn  # noqa: E402
 
 from advcal.integrations import verl as integration  # noqa: E402
+from advcal.integrations.verl import _config as verl_config  # noqa: E402
 
 G, T = 4, 5
 UIDS = np.array(["p", "q", "p", "r", "q", "p", "r", "q", "r", "p", "q", "r"], dtype=object)
@@ -45,9 +46,9 @@ def batch() -> tuple[DataProto, np.ndarray, np.ndarray]:
 @pytest.fixture(autouse=True)
 def _fresh_options(monkeypatch):
     monkeypatch.delenv(integration.OPTIONS_ENV, raising=False)
-    integration._configured.clear()
+    verl_config._configured.clear()
     yield
-    integration._configured.clear()
+    verl_config._configured.clear()
 
 
 def _per_token(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -199,6 +200,6 @@ def test_a_ray_worker_sees_the_registration(monkeypatch) -> None:
 def test_configure_without_options_falls_back_to_the_environment(monkeypatch):
     monkeypatch.setenv(integration.OPTIONS_ENV, json.dumps({"maxnorm": {"tau_res": 0.5}}))
     integration.configure("maxnorm", tau_res=0.05)
-    assert integration._options("maxnorm") == {"tau_res": 0.05}
+    assert verl_config._options("maxnorm") == {"tau_res": 0.05}
     integration.configure("maxnorm")
-    assert integration._options("maxnorm") == {"tau_res": 0.5}
+    assert verl_config._options("maxnorm") == {"tau_res": 0.5}

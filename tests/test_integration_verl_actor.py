@@ -25,6 +25,8 @@ from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn  # noqa: E4
 from verl.utils.model import compute_position_id_with_mask  # noqa: E402
 
 from advcal.integrations import verl as integration  # noqa: E402
+from advcal.integrations.verl import _actor as verl_actor  # noqa: E402
+from advcal.integrations.verl import _config as verl_config  # noqa: E402
 from tests.tiny_llm import llama_config, word_tokenizer  # noqa: E402
 
 # float64 K: every entry is a sum over at most (tokens ≈ 10) × (width ≤ 32) products of
@@ -38,9 +40,9 @@ UIDS = np.array(["p", "q", "r", "p", "q", "p", "r", "q", "p"], dtype=object)  # 
 @pytest.fixture(autouse=True)
 def _fresh_options(monkeypatch):
     monkeypatch.delenv(integration.OPTIONS_ENV, raising=False)
-    integration._configured.clear()
+    verl_config._configured.clear()
     yield
-    integration._configured.clear()
+    verl_config._configured.clear()
 
 
 def _model(seed: int = 0):
@@ -298,22 +300,22 @@ def test_worker_settings_follow_the_actor_config() -> None:
              "ppo_max_token_len_per_gpu": 999}
     meta = {"temperature": 0.7, "advcal_longest": 7, "advcal_batch_num_tokens": 30.0,
             "advcal_global_batch_size": 9.0, "advcal_gram_width": 4}
-    settings = integration._gram_settings({"gram_sketch_dim": 64, "gram_layers": "lora"},
+    settings = verl_actor._gram_settings({"gram_sketch_dim": 64, "gram_layers": "lora"},
                                           actor, meta)
     assert settings == {"layers": "lora", "sketch_dim": 64, "seed": 0, "sketch": "gaussian",
                         "loss_agg_mode": "seq-mean-token-mean", "loss_scale_factor": None,
                         "max_token_len": 14, "temperature": 0.7, "batch_num_tokens": 30.0,
                         "global_batch_size": 9.0, "width": 4}
-    dynamic = integration._gram_settings({}, dict(actor, use_dynamic_bsz=True), meta)
+    dynamic = verl_actor._gram_settings({}, dict(actor, use_dynamic_bsz=True), meta)
     assert dynamic["max_token_len"] == 999 and dynamic["sketch_dim"] is None
-    chosen = integration._gram_settings({"gram_max_token_len": 50, "loss_agg_mode": "token-sum"},
+    chosen = verl_actor._gram_settings({"gram_max_token_len": 50, "loss_agg_mode": "token-sum"},
                                         actor, meta)
     assert chosen["max_token_len"] == 50 and chosen["loss_agg_mode"] == "token-sum"
 
 
 def test_worker_without_an_actor_model_is_named() -> None:
     with pytest.raises(ValueError, match="advcal_module"):
-        integration._actor_of(object())
+        verl_actor._actor_of(object())
 
 
 # ------------------------------------------------------------------ SetGRPO in verl
@@ -336,7 +338,7 @@ def test_setgrpo_advantages_from_the_gram_pass(tmp_path) -> None:
     token_rewards = np.zeros((UIDS.size, R), dtype=np.float32)
     token_rewards[np.arange(UIDS.size), lengths - 1] = scores
     data.batch["token_level_rewards"] = torch.as_tensor(token_rewards)
-    data.batch[integration.GRAM_KEY] = torch.as_tensor(
+    data.batch[verl_config.GRAM_KEY] = torch.as_tensor(
         integration.compute_gram_rows(model, data))
     original = ray_trainer.compute_advantage
     try:
@@ -361,7 +363,7 @@ def test_setgrpo_advantages_from_the_gram_pass(tmp_path) -> None:
 def test_whole_group_order_gives_each_rank_whole_groups() -> None:
     uids = np.array(list("abcdabcdbadc"), dtype=object)  # four groups of 3
     for ranks in (2, 4):
-        order = integration._whole_group_order(uids, ranks)
+        order = verl_actor._whole_group_order(uids, ranks)
         assert sorted(order.tolist()) == list(range(uids.size))
         share = uids.size // ranks
         for k in range(ranks):
@@ -370,9 +372,9 @@ def test_whole_group_order_gives_each_rank_whole_groups() -> None:
                 assert np.sum(part == label) == 3  # whole groups only
     uneven = np.array(list("abcabcabcabc"), dtype=object)  # three groups of 4
     with pytest.raises(ValueError, match="data.train_batch_size"):
-        integration._whole_group_order(uneven, 2)
+        verl_actor._whole_group_order(uneven, 2)
     with pytest.raises(ValueError, match="not a multiple of 5"):
-        integration._whole_group_order(uids, 5)
+        verl_actor._whole_group_order(uids, 5)
 
 
 # ------------------------------------------------------------------ verl's single controller
@@ -447,8 +449,8 @@ def test_worker_method_over_two_ranks_with_split_groups(worker_group) -> None:
     _close(rows.numpy(), expected, rtol=1e-12)
     # dispatched as it comes, each rank sees half of every group: not the groups' Gram
     naive = worker_group.compute_advcal_gram(data.select(
-        batch_keys=list(integration.GRAM_FIELDS), non_tensor_batch_keys=["uid"]))
-    assert naive.batch[integration.GRAM_KEY].shape[1] < expected.shape[1]
+        batch_keys=list(verl_config.GRAM_FIELDS), non_tensor_batch_keys=["uid"]))
+    assert naive.batch[verl_config.GRAM_KEY].shape[1] < expected.shape[1]
     with pytest.raises(ValueError, match="data.train_batch_size"):
         integration.gram_from_workers(worker_group,
                                       _data(5, np.array(list("abcabcabcabc"), dtype=object)))
@@ -474,7 +476,7 @@ def test_trainer_hook_between_old_log_prob_and_compute_advantage(worker_group, t
         batch = _data(6, SPLIT)
         old, _ = trainer_cls._compute_old_log_prob(trainer, batch)
         expected = integration.compute_gram_rows(_model(0), batch)
-        _close(old.batch[integration.GRAM_KEY].numpy(), expected, rtol=1e-12)
+        _close(old.batch[verl_config.GRAM_KEY].numpy(), expected, rtol=1e-12)
         batch = batch.union(old)  # as fit() does
         rng = np.random.default_rng(7)
         clean = rng.uniform(0, 1, (300, 3))
@@ -496,7 +498,7 @@ def test_trainer_hook_between_old_log_prob_and_compute_advantage(worker_group, t
         # another estimator: no Gram pass
         trainer.config.algorithm.adv_estimator = "grpo"
         old, _ = trainer_cls._compute_old_log_prob(trainer, _data(6, SPLIT))
-        assert integration.GRAM_KEY not in old.batch.keys()
+        assert verl_config.GRAM_KEY not in old.batch.keys()
     finally:
         trainer_cls.init_workers, trainer_cls._compute_old_log_prob = saved[:2]
         ray_trainer.compute_advantage = saved[2]
@@ -510,7 +512,7 @@ def test_actor_roles_get_the_gram_worker() -> None:
     ray = pytest.importorskip("ray")
     mapping = {ray_trainer.Role.ActorRollout: ray.remote(TinyActor),
                ray_trainer.Role.Critic: ray.remote(TinyActor)}
-    integration._use_gram_workers(mapping)
+    verl_actor._use_gram_workers(mapping)
     built = mapping[ray_trainer.Role.ActorRollout].__ray_metadata__.modified_class
     assert issubclass(built, integration.GramWorkerMixin) and issubclass(built, TinyActor)
     critic = mapping[ray_trainer.Role.Critic].__ray_metadata__.modified_class
@@ -534,4 +536,4 @@ def test_options_in_the_environment_install_the_hooks() -> None:
             "rt.compute_advantage.__module__)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=300, check=True).stdout.split()
-    assert out[-2:] == ["True", "advcal.integrations.verl"]
+    assert out[-2] == "True" and out[-1].startswith("advcal.integrations.verl")
