@@ -10,6 +10,7 @@ import pytest
 import advcal
 from advcal import advantages
 from advcal._kernels import engine
+from advcal.jacobian import _ANALYTIC_JACOBIANS, _finite_difference_jacobian, jacobian_flat
 from advcal.registry import (
     ANALYTIC,
     CLOSED_FORM,
@@ -19,7 +20,6 @@ from advcal.registry import (
     Estimator,
     _group_spread,
 )
-from advcal.jacobian import _ANALYTIC_JACOBIANS, _finite_difference_jacobian, jacobian_flat
 
 # Group sizes of `ragged_example`.
 SIZES = [3, 5, 2, 4]
