@@ -15,8 +15,13 @@ import advcal
 from advcal.layouts import groups_from_ids
 
 torch = pytest.importorskip("torch")
-import advcal._torch_gram as tg  # noqa: E402
-from advcal.torch import GradientCapture, last_blocks, response_objectives  # noqa: E402
+import advcal.torch._accumulate as tg  # noqa: E402
+from advcal.torch import (  # noqa: E402
+    GradientCapture,
+    LayerSelection,  # noqa: E402
+    last_blocks,
+    response_objectives,
+)
 
 nn = torch.nn
 
@@ -519,7 +524,7 @@ def test_a_resolved_selection_gives_the_gram_of_a_fresh_capture(layers: object) 
     model = make_model("llama")
     if layers == "predicate":
         layers = last_blocks(model.model, 1)
-    selection = tg.LayerSelection(model, layers)
+    selection = LayerSelection(model, layers)
     assert selection.current()
     for seed in (1, 2):  # two batches, one selection
         batch = make_batch(6, vocab=24, seed=seed)
@@ -534,25 +539,25 @@ def test_a_resolved_selection_gives_the_gram_of_a_fresh_capture(layers: object) 
 
 def test_a_selection_notices_changed_modules_and_requires_grad() -> None:
     model = make_model("mlp")
-    selection = tg.LayerSelection(model, None)
+    selection = LayerSelection(model, None)
     assert [layer.name for layer in selection.layers] == ["fc1", "fc2"]
     model.fc2.bias.requires_grad_(False)  # still selected, without its bias
     assert not selection.current()
-    selection = tg.LayerSelection(model, None)
+    selection = LayerSelection(model, None)
     assert (selection.layers[1].weight, selection.layers[1].bias) == (True, False)
     model.fc1.requires_grad_(False)  # no longer selected
     assert not selection.current()
-    assert [layer.name for layer in tg.LayerSelection(model, None).layers] == ["fc2"]
+    assert [layer.name for layer in LayerSelection(model, None).layers] == ["fc2"]
     model = make_model("mlp")
-    selection = tg.LayerSelection(model, None)
+    selection = LayerSelection(model, None)
     model.fc1 = nn.Linear(6, 9)  # a new module in the same place
     assert not selection.current()
     model = make_model("mlp")
-    selection = tg.LayerSelection(model, None)
+    selection = LayerSelection(model, None)
     model.extra = nn.Linear(2, 2)  # a module more
     assert not selection.current()
     model = make_model("mlp")
-    selection = tg.LayerSelection(model, None)
+    selection = LayerSelection(model, None)
     model.fc1.weight.requires_grad_(True)  # no change
     assert selection.current()
 

@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-import advcal._torch_gram as tg  # noqa: E402
-from advcal.torch import GradientCapture, last_blocks  # noqa: E402
+import advcal.torch._accumulate as tg  # noqa: E402
+from advcal.torch import (  # noqa: E402
+    GradientCapture,
+    last_blocks,
+)
 from tests.test_gram import (  # noqa: E402
     LAYOUTS,
     TokenMLP,

@@ -92,7 +92,7 @@ def test_bfloat16_logits_are_rounded_as_trl_rounds_them() -> None:
 
 @pytest.mark.parametrize("route", ["materialise", "pairs"])
 def test_the_gram_matrix_is_unchanged(monkeypatch, route) -> None:
-    monkeypatch.setattr("advcal._torch_gram._FORCE_ROUTE", route)
+    monkeypatch.setattr("advcal.torch._accumulate._FORCE_ROUTE", route)
     ids, targets, mask = _batch(2)
     grams = []
     for shortcut in (True, False):

@@ -410,8 +410,7 @@ class AdvcalGRPOMixin:
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
         if self._advcal.mode != "setgrpo" or not model.training:
             return super()._compute_loss(model, inputs)  # type: ignore[misc]
-        from advcal._torch_gram import LayerSelection
-        from advcal.torch import GradientCapture
+        from advcal.torch import GradientCapture, LayerSelection
 
         settings = self._advcal
         # Unwrapping asks accelerate which wrappers exist: once per wrapper object.

@@ -1,20 +1,4 @@
-"""Torch tensors in, torch tensors out: advcal's estimators for trainers that live in torch.
-
-``import advcal`` never imports torch; this module imports it when one of its functions is
-called, so it is usable only where torch is installed (an optional dependency).
-
-Every function here moves its tensor arguments to host numpy arrays, calls the numpy
-function of the same name, and returns tensors on the device of the main input
-(``rewards`` or ``lo``) with its floating dtype.  bfloat16 and float16 input is computed in
-float32 (numpy has no bfloat16) and cast back; integer and boolean rewards give float64,
-as in the numpy API.  The results are constants for the loss (advantages carry no gradient),
-so they never require grad.  Any other tensor argument (``offsets``, ``group_ids``,
-``lengths``, ``token_counts``, ...) is converted to numpy as well.
-
-The copy to the host is the price of reusing one set of kernels for every framework: for the
-batch sizes of RL fine-tuning (thousands of rewards) it is microseconds next to a
-generation step.
-"""
+"""The estimators with torch tensors in and out (see ``advcal.torch``)."""
 
 from __future__ import annotations
 
@@ -23,12 +7,6 @@ import importlib
 from typing import Any
 
 import numpy as np
-
-from advcal._torch_gram import GradientCapture, last_blocks, response_objectives
-
-__all__ = ["GradientCapture", "advantages", "batch_std", "dr_grpo", "from_numpy", "gdpo", "gpg",
-           "grpo", "last_blocks", "maxnorm", "opo", "passk", "range_advantages",
-           "reinforce_pp_baseline", "response_objectives", "rloo", "setgrpo", "to_numpy"]
 
 _HALF_NAMES = ("bfloat16", "float16")
 
@@ -285,16 +263,14 @@ passk = _point_estimator("passk")
 gdpo = _point_estimator("gdpo")
 
 
-def _expose_registry() -> None:
+def registry_estimators(defined: set[str]) -> dict[str, Any]:
     """Every other registered estimator of point rewards under its own name, so that
     ``advcal.torch.<name>`` exists for each key of :data:`advcal.ESTIMATORS`
-    (``range`` is :func:`range_advantages`)."""
+    (``range`` is :func:`range_advantages`); ``defined``: the names already taken."""
     from advcal.registry import REGISTRY
 
-    for name, entry in REGISTRY.items():
-        if not entry.ranges and name not in globals():
-            globals()[name] = _point_estimator(name)
-            __all__.append(name)
+    return {name: _point_estimator(name) for name, entry in REGISTRY.items()
+            if not entry.ranges and name not in defined}
 
 
 def maxnorm(
@@ -458,4 +434,3 @@ def setgrpo(
     return from_numpy(result, rewards)
 
 
-_expose_registry()  # last: the hand-written wrappers (maxnorm, ...) take precedence
