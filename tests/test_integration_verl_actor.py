@@ -29,10 +29,12 @@ from advcal.integrations.verl import _actor as verl_actor  # noqa: E402
 from advcal.integrations.verl import _config as verl_config  # noqa: E402
 from tests.tiny_llm import llama_config, word_tokenizer  # noqa: E402
 
-# float64 K: every entry is a sum over at most (tokens ≈ 10) × (width ≤ 32) products of
-# float64 terms computed through ~20 float64 layers, relative rounding ≲ 1e3 · 2**-52 ≈ 2e-13;
-# 1e-10 of K's largest entry leaves three orders of margin.
-RTOL64 = 1e-10
+# The float64 Llama still runs 8 steps in float32 (5 RMSNorms, 2 softmaxes, RoPE), and the
+# passes compared here see other sequence lengths (padded, chunked, one response alone), where
+# torch's float32 kernels round differently (and differently again on AVX2 and AVX-512):
+# each step ≤ 1 float32 ulp (2**-24), doubled because K is bilinear in the gradients,
+# 16 · 2**-24 ≈ 1e-6 of K's largest entry.  (The float64 parts alone round to ~1e-13.)
+RTOL64 = 16 * 2.0 ** -24
 P, R = 4, 5  # prompt and response widths of the padded layout
 UIDS = np.array(["p", "q", "r", "p", "q", "p", "r", "q", "p"], dtype=object)  # 4 + 3 + 2
 
@@ -186,8 +188,7 @@ def test_whole_groups_whatever_the_micro_batching_and_the_order() -> None:
     _close(whole, _brute_rows(model, data))
     lengths = data.batch["attention_mask"].sum(-1)
     for budget in (1, int(lengths.max()) * 7):
-        _close(integration.compute_gram_rows(model, data, max_token_len=budget), whole,
-               rtol=1e-12)
+        _close(integration.compute_gram_rows(model, data, max_token_len=budget), whole)
 
     class Trainer:  # what RayPPOTrainer._balance_batch reads of its trainer
         actor_rollout_wg = None
@@ -206,7 +207,7 @@ def test_whole_groups_whatever_the_micro_batching_and_the_order() -> None:
     # in the shuffled order
     expected = integration.gram_rows(_reordered_blocks(whole, moved),
                                      shuffled.non_tensor_batch["uid"])
-    _close(rows, expected, rtol=1e-12)
+    _close(rows, expected)
 
 
 def _reordered_blocks(rows: np.ndarray, moved: list[int]) -> np.ndarray:
@@ -235,7 +236,7 @@ def test_a_given_number_of_forwards_for_ranks_in_step() -> None:
             calls.clear()
             rows = integration.compute_gram_rows(model, data, forwards=forwards)
             assert len(calls) == forwards
-            _close(rows, whole, rtol=1e-12)
+            _close(rows, whole)
     finally:
         handle.remove()
     with pytest.raises(ValueError, match="below the 3 forwards"):
@@ -249,7 +250,7 @@ def test_sketched_rows_do_not_depend_on_the_chunks() -> None:
     data = _data(2)
     one = integration.compute_gram_rows(model, data, sketch_dim=6, seed=3)
     split = integration.compute_gram_rows(model, data, sketch_dim=6, seed=3, max_token_len=1)
-    _close(split, one, rtol=1e-12)
+    _close(split, one)
     other = integration.compute_gram_rows(model, data, sketch_dim=6, seed=4)
     assert np.nanmax(np.abs(other - one)) > 1e-6 * np.nanmax(np.abs(one))  # the seed matters
 
@@ -446,7 +447,7 @@ def test_worker_method_over_two_ranks_with_split_groups(worker_group) -> None:
     data = _data(5, SPLIT)
     expected = integration.compute_gram_rows(_model(0), data)
     rows = integration.gram_from_workers(worker_group, data)
-    _close(rows.numpy(), expected, rtol=1e-12)
+    _close(rows.numpy(), expected)
     # dispatched as it comes, each rank sees half of every group: not the groups' Gram
     naive = worker_group.compute_advcal_gram(data.select(
         batch_keys=list(verl_config.GRAM_FIELDS), non_tensor_batch_keys=["uid"]))
@@ -476,7 +477,7 @@ def test_trainer_hook_between_old_log_prob_and_compute_advantage(worker_group, t
         batch = _data(6, SPLIT)
         old, _ = trainer_cls._compute_old_log_prob(trainer, batch)
         expected = integration.compute_gram_rows(_model(0), batch)
-        _close(old.batch[verl_config.GRAM_KEY].numpy(), expected, rtol=1e-12)
+        _close(old.batch[verl_config.GRAM_KEY].numpy(), expected)
         batch = batch.union(old)  # as fit() does
         rng = np.random.default_rng(7)
         clean = rng.uniform(0, 1, (300, 3))
