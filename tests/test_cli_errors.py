@@ -610,3 +610,31 @@ def test_diagnose_piped_into_head(files: dict[str, Path]) -> None:
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.stdout == f"advcal diagnose: {files['log']}\n"
     assert done.stderr == ""
+
+
+def test_max_bytes_bounds_every_read_and_is_checked(tmp_path: Path, capsys: Any) -> None:
+    # The readers' documented limit, overridable from the command line: a small bound stops
+    # the read with one line (exit 2), the default reads the same log.
+    log = tmp_path / "log.csv"
+    log.write_text("group,reward,second\n" + "".join(
+        f"g{i // 4},{i % 3 / 2},{(i + 1) % 3 / 2}\n" for i in range(400)))
+    assert main(["diagnose", str(log), "--no-progress"]) == 0
+    capsys.readouterr()
+    for argv in (["diagnose", str(log), "--no-progress"],
+                 ["calibrate", "sets", str(log), "-o", str(tmp_path / "s.npz")]):
+        assert main([*argv, "--max-bytes", "100"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "max_bytes" in err and str(log) in err
+    rng = np.random.default_rng(0)
+    data = tmp_path / "srgo.npz"
+    np.savez(data, rewards=rng.uniform(size=(8, 4)), second=rng.uniform(size=(8, 4)),
+             gram=np.broadcast_to(np.eye(4), (8, 4, 4)))
+    assert main(["calibrate", "threshold", str(data), "-o", str(tmp_path / "t.npz"),
+                 "--max-bytes", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(data) in err
+    for bad in ("0", "1_0", "-5", "1e3"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["diagnose", str(log), "--max-bytes", bad])
+        assert exit_info.value.code == 2
+        assert "--max-bytes" in capsys.readouterr().err

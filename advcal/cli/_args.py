@@ -82,3 +82,9 @@ def seed_arg(text: str) -> int:
     if seed < 0:
         raise argparse.ArgumentTypeError(f"invalid seed {seed}: must be >= 0")
     return seed
+
+
+def max_bytes_arg(text: str) -> int:
+    """An argparse type for ``--max-bytes``: a positive byte count (``1_000`` is refused, as
+    every number option refuses it)."""
+    return int_arg(text, low=1, high=2**62, what="byte count")

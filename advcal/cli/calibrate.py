@@ -29,7 +29,15 @@ import numpy as np
 
 from advcal._blocks import block_offsets
 from advcal._validation import check_offsets
-from advcal.cli._args import Command, finite_arg, int_arg, numbers, path_arg, seed_arg
+from advcal.cli._args import (
+    Command,
+    finite_arg,
+    int_arg,
+    max_bytes_arg,
+    numbers,
+    path_arg,
+    seed_arg,
+)
 from advcal.cli._errors import (
     CommandError,
     bad_input_types,
@@ -97,7 +105,7 @@ def _read_paired(args: argparse.Namespace, second: str
         log = logs.read_log(args.file, preset=args.preset, group_cols=args.group_col,
                             reward_cols=args.reward_col, reward_weights=weights,
                             reward_agg=args.reward_agg, extra_cols=(second,),
-                            format=args.format,
+                            format=args.format, max_bytes=args.max_bytes,
                             on_bad_row="error" if args.strict else args.on_bad_row)
     return log.rewards, log.extra[second], log.offsets, log
 
@@ -237,7 +245,7 @@ def run_ranges(args: argparse.Namespace) -> int:
         cols["sigma"] = args.sigma_col
     with _log_errors(args.file):
         table = logs.read_columns(args.file, list(cols.values()), label_col=args.category_col,
-                                  format=args.format,
+                                  format=args.format, max_bytes=args.max_bytes,
                                   on_bad_row="error" if args.strict else args.on_bad_row)
     inputs: dict[str, Any] = {key: table.columns[col] for key, col in cols.items()}
     if table.labels is not None:
@@ -321,11 +329,11 @@ def run_threshold(args: argparse.Namespace) -> int:
     cal: Any = None
     if args.sets is not None:  # read first: a bad --sets fails before the work
         with _log_errors(args.sets):
-            cal = load_calibration(args.sets, kind=SetCalibration)
+            cal = load_calibration(args.sets, kind=SetCalibration, max_bytes=args.max_bytes)
     names = [args.reward_col, args.second_col, args.gram_col]
     with _log_errors(args.file):
         # the readers' .npz loader: sizes checked before decompressing, never a pickle
-        arrays = logs.read_arrays(args.file, max_bytes=MAX_MEMBER_BYTES)
+        arrays = logs.read_arrays(args.file, max_bytes=args.max_bytes)
     for name in names:
         if name not in arrays:
             raise CommandError(f"{args.file}: no array {name!r} (arrays: "
@@ -538,6 +546,14 @@ def _reader_options(parser: argparse.ArgumentParser) -> None:
                         help="rows with an empty, NaN or unparsable value: skip and report "
                              "them (default), or stop")
     parser.add_argument("--strict", action="store_true", help="= --on-bad-row error")
+    _max_bytes_option(parser)
+
+
+def _max_bytes_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-bytes", type=max_bytes_arg, default=MAX_MEMBER_BYTES,
+                        metavar="N", help="the most bytes a reader may decompress and keep "
+                                          "(default: 2**30); past it the read stops with an "
+                                          "error")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -611,6 +627,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="binomial upper confidence bound (default: clopper-pearson)")
     thr.add_argument("--procedure", choices=("bonferroni", "fixed-sequence"),
                      default="bonferroni", help="multiple testing (default: bonferroni)")
+    _max_bytes_option(thr)
     _set_options(thr)
     _common(thr, coverage=False)
     thr.set_defaults(form_run=run_threshold, prog=thr.prog)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from advcal.cli._args import Command, finite_arg, numbers, path_arg
+from advcal.cli._args import Command, finite_arg, max_bytes_arg, numbers, path_arg
 from advcal.cli._errors import CommandError, file_error, printable
 from advcal.cli._output import (
     _figure,
@@ -153,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
                 reward_agg=args.reward_agg,
                 extra_cols=() if args.second_col is None else (args.second_col,),
                 optional_cols=(_NPZ_SECOND,) if args.second_col is None else (),
-                format=args.format, on_bad_row=on_bad_row, progress=report)
+                format=args.format, on_bad_row=on_bad_row, max_bytes=args.max_bytes,
+                progress=report)
     except logs.MissingDependencyError as exc:
         raise CommandError(str(exc)) from None
     except (logs.LogError, OSError) as exc:
@@ -240,6 +241,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true",
                         help="all or nothing: the first bad row is an error "
                              "(= --on-bad-row error)")
+    parser.add_argument("--max-bytes", type=max_bytes_arg, default=1 << 30, metavar="N",
+                        help="the most bytes the reader may decompress and keep (default: "
+                             "2**30); past it the read stops with an error")
     parser.add_argument("--singleton", choices=("zero", "error"), default="zero",
                         help="groups with one response: weight 0, in no statistic (default), "
                              "or an error")
