@@ -1,9 +1,11 @@
-"""Assertions shared by the test modules' bad-input (fuzz) tests."""
+"""Assertions and damaged files shared by the test modules' bad-input (fuzz) tests."""
 
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import advcal
@@ -30,3 +32,17 @@ def own_error_or_result(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     except Exception as exc:  # noqa: BLE001 - assert_raised_by_advcal inspects it
         assert_raised_by_advcal(exc)
         return None
+
+
+def set_zip_flags(path: Path, *, flag: int = 0, method: int | None = None) -> None:
+    """Set general-purpose flag bits (0x01: encrypted) and/or the compression method in every
+    local and central directory header of the zip file at ``path``."""
+    raw = bytearray(path.read_bytes())
+    for signature, flag_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        at = raw.find(signature)
+        while at >= 0:
+            raw[at + flag_at] |= flag
+            if method is not None:
+                raw[at + flag_at + 2:at + flag_at + 4] = struct.pack("<H", method)
+            at = raw.find(signature, at + 4)
+    path.write_bytes(bytes(raw))

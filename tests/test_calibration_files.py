@@ -35,7 +35,7 @@ from advcal import (
 )
 from advcal.io.artefacts import JSON_COST, MAX_BYTES, MAX_MEMBERS
 from advcal.simulate import gram_matrices, paired_scorings
-from tests.checks import ADVCAL_DIR
+from tests.checks import ADVCAL_DIR, set_zip_flags
 
 # --------------------------------------------------------------------------- helpers
 
@@ -326,26 +326,12 @@ def _flip_in(path: Path, member: str) -> None:
     path.write_bytes(bytes(raw))
 
 
-def _set_flags(path: Path, *, flag: int = 0, method: int | None = None) -> None:
-    """Set the general-purpose flag bits and/or the method in every local and central
-    directory header."""
-    raw = bytearray(path.read_bytes())
-    for signature, flag_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
-        at = raw.find(signature)
-        while at >= 0:
-            raw[at + flag_at] |= flag
-            if method is not None:
-                raw[at + flag_at + 2:at + flag_at + 4] = struct.pack("<H", method)
-            at = raw.find(signature, at + 4)
-    path.write_bytes(bytes(raw))
-
-
 @pytest.mark.parametrize(("damage", "message"), [
     (lambda p: _flip_in(p, "header.json"), "header.json is corrupt (Bad CRC-32"),
     (lambda p: _flip_in(p, "scores.npy"), "`scores` is corrupt (Bad CRC-32"),
-    (lambda p: _set_flags(p, flag=0x01), "is encrypted"),
-    (lambda p: _set_flags(p, method=99), "zip method 99; only stored and deflated"),
-    (lambda p: _set_flags(p, method=12), "zip method 12; only stored and deflated"),
+    (lambda p: set_zip_flags(p, flag=0x01), "is encrypted"),
+    (lambda p: set_zip_flags(p, method=99), "zip method 99; only stored and deflated"),
+    (lambda p: set_zip_flags(p, method=12), "zip method 12; only stored and deflated"),
     (lambda p: p.write_bytes(p.read_bytes()[:-30]), "not an .npz/zip archive"),
 ])
 def test_corrupt_archives(tmp_path: Path, set_cal: Any, damage: Any, message: str) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from advcal.io import _common, _npy, _npz
 from advcal.io.logs import LogError, read_log
+from tests.checks import set_zip_flags
 
 pa = pytest.importorskip("pyarrow")  # read_log's readers
 
@@ -191,17 +192,11 @@ def test_unsigned_offsets(tmp_path: Path) -> None:
 
 def _corrupt(path: Path, *, flag: int = 0, method: int | None = None,
              flip: bool = False) -> None:
-    raw = bytearray(path.read_bytes())
-    for signature, flag_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
-        at = raw.find(signature)
-        while at >= 0:
-            raw[at + flag_at] |= flag
-            if method is not None:
-                raw[at + flag_at + 2:at + flag_at + 4] = struct.pack("<H", method)
-            at = raw.find(signature, at + 4)
+    set_zip_flags(path, flag=flag, method=method)
     if flip:
+        raw = bytearray(path.read_bytes())
         raw[raw.find(b"\x93NUMPY") + 140] ^= 1
-    path.write_bytes(bytes(raw))
+        path.write_bytes(bytes(raw))
 
 
 @pytest.mark.parametrize(("damage", "message"), [
