@@ -87,8 +87,9 @@ def test_the_gradient_is_trls_loss_with_the_coefficients(lora, checkpointing) ->
     # TRL's own loss, with the coefficients the mixin wrote as its advantages.
     trainer = _trainer(lora=lora, checkpointing=checkpointing)
     inputs = _batch(trainer)
+    trls = inputs["advantages"].clone()
     got = _gradients(trainer, inputs)  # the mixin writes the coefficients into ``inputs``
-    assert not torch.equal(inputs["advantages"], trainer.trl_advantages)
+    assert not torch.equal(inputs["advantages"], trls)  # the loss saw SetGRPO's, not TRL's
 
     def trls_loss(model, batch):
         return trl.GRPOTrainer._compute_loss(trainer, model, batch)
