@@ -502,7 +502,9 @@ def gram_worker_class(base: type | None = None) -> type:
         ``class Advcal<base>(GramWorkerMixin, base)``, the same class for the same base.
     """
     if base is None:
-        from verl.workers.engine_workers import ActorRolloutRefWorker as base
+        from verl.workers.engine_workers import ActorRolloutRefWorker
+
+        base = ActorRolloutRefWorker
     if not isinstance(base, type):
         raise TypeError(f"`base` must be a class; got {type(base).__name__}.")
     if issubclass(base, GramWorkerMixin):
