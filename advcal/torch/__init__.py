@@ -22,6 +22,8 @@ from advcal.torch import _tensors
 from advcal.torch._capture import GradientCapture
 from advcal.torch._layers import LayerSelection, last_blocks
 from advcal.torch._objectives import response_objectives
+from advcal.torch._packing import tokens_from_cu_seqlens, tokens_from_position_ids
+from advcal.torch._split import gather_rows, gram_from_rows
 from advcal.torch._tensors import (
     advantages,
     batch_std,
@@ -41,9 +43,10 @@ from advcal.torch._tensors import (
 )
 
 __all__ = ["GradientCapture", "LayerSelection", "advantages", "batch_std", "dr_grpo",
-           "from_numpy", "gdpo", "gpg", "grpo", "last_blocks", "maxnorm", "opo", "passk",
-           "range_advantages", "reinforce_pp_baseline", "response_objectives", "rloo",
-           "setgrpo", "to_numpy"]
+           "from_numpy", "gather_rows", "gdpo", "gpg", "gram_from_rows", "grpo",
+           "last_blocks", "maxnorm", "opo", "passk", "range_advantages",
+           "reinforce_pp_baseline", "response_objectives", "rloo", "setgrpo", "to_numpy",
+           "tokens_from_cu_seqlens", "tokens_from_position_ids"]
 
 # The registry's other point estimators, each under its own name (advcal.torch.<name>).
 _extra = _tensors.registry_estimators(set(__all__))

@@ -116,16 +116,23 @@ class _OneHot:
     def dense(self, dtype: Any) -> Any:
         torch = _torch()
         onehot = torch.zeros(self.shape, dtype=dtype, device=self.ids.device)
-        onehot.scatter_(-1, self.ids.to(torch.long)[..., None], 1.0)
+        ids = self.ids.to(torch.long)
+        onehot.scatter_(-1, ids.clamp(min=0)[..., None], 1.0)
         if self.padding_idx is not None:  # its row gets no gradient
             onehot[..., self.padding_idx] = 0.0
+        absent = ids < 0  # a packed batch's slot that holds no token
+        if bool(absent.any()):
+            onehot[absent] = 0.0
         return onehot
 
     def project(self, p: Any, ids: Any) -> Any:
         """P (k, vocab) applied to the one-hot rows of ``ids`` (a chunk of the rows)."""
-        out = p.T[ids]
+        out = p.T[ids.clamp(min=0)]
         if self.padding_idx is not None:
             out[ids == self.padding_idx] = 0.0
+        absent = ids < 0  # a packed batch's slot that holds no token
+        if bool(absent.any()):
+            out[absent] = 0.0
         return out
 
 
@@ -183,7 +190,7 @@ class _Blocks:
         """The rows of x (responses first) in group order."""
         return x if self.order is None else x.index_select(0, self.order)
 
-    def add_rows(self, x: Any) -> None:
+    def add_rows(self, x: Any, key: int = 0) -> None:
         """K_ij += ⟨x_i, x_j⟩ within every group, for per-response feature rows x (N, F)."""
         x = self._grouped(x).to(self.dtype)
         if self.equal is not None:
@@ -242,6 +249,33 @@ class _Blocks:
         return self.torch.cat([((b + b.T) / 2).reshape(-1) for b in self.blocks])
 
 
+class _Collect:
+    """In place of :class:`_Blocks`, for ``GradientCapture.rows``: keeps the per-response rows
+    themselves, in float64, ordered by the unit they come from (``key``) so that captures of
+    the same model lay their columns out alike, whatever order the backward reaches the
+    layers in."""
+
+    def __init__(self, torch: Any, n: int, acc: Any, device: Any) -> None:
+        self.torch = torch
+        self.device = device
+        self.dtype = torch.float64 if device.type != "mps" else acc
+        self.n = n
+        self.parts: list[tuple[int, int, Any]] = []
+
+    def add_rows(self, x: Any, key: int = 0) -> None:
+        self.parts.append((key, len(self.parts), x.to(self.dtype, copy=True)))
+
+    def token_pairs_cheaper(self, t: int, d_out: int, d_in: int) -> bool:
+        return False  # rows are wanted, not their products
+
+    def result(self, dense: bool) -> Any:
+        parts = [x for _, _, x in sorted(self.parts, key=lambda part: part[:2])]
+        self.parts = []
+        if not parts:
+            return self.torch.zeros(self.n, 0, dtype=self.dtype, device=self.device)
+        return self.torch.cat(parts, dim=1)
+
+
 class _Rows:
     """Per-response feature rows (weight gradients Δ_iᵀ H_i or their sketches, bias
     gradients), written side by side into one workspace of WORKSPACE / _SHARE numbers and
@@ -250,7 +284,7 @@ class _Rows:
     allocated once per gram(): the products write into it, so that the layers' work does
     not allocate memory of varying sizes (which the C allocator would keep)."""
 
-    def __init__(self, torch: Any, blocks: _Blocks, n: int, acc: Any) -> None:
+    def __init__(self, torch: Any, blocks: _Blocks | _Collect, n: int, acc: Any) -> None:
         self.torch = torch
         self.blocks = blocks
         self.n = n
@@ -258,8 +292,9 @@ class _Rows:
         self.capacity = max(n, WORKSPACE // _SHARE)
         self.buffer: Any = None
         self.wide: Any = None
-        self.pieces: list[tuple[int, int]] = []  # (offset, width) of each piece
+        self.pieces: list[tuple[int, int, int]] = []  # (offset, width, key) of each piece
         self.used = 0
+        self.key = 0  # the unit whose rows are being queued
 
     def _slot(self, width: int) -> Any:
         """A (n, width) piece of the workspace, for rows to be added."""
@@ -272,7 +307,7 @@ class _Rows:
             self.buffer = self.torch.empty(self.capacity, dtype=self.acc,
                                            device=self.blocks.device)
         piece = self.buffer[self.used:self.used + size].view(self.n, width)
-        self.pieces.append((self.used, width))
+        self.pieces.append((self.used, width, self.key))
         self.used += size
         return piece
 
@@ -322,6 +357,6 @@ class _Rows:
                                              device=self.blocks.device)
             self.wide[:self.used].copy_(rows[:self.used])
             rows = self.wide
-        for offset, width in self.pieces:
-            self.blocks.add_rows(rows[offset:offset + self.n * width].view(self.n, width))
+        for offset, width, key in self.pieces:
+            self.blocks.add_rows(rows[offset:offset + self.n * width].view(self.n, width), key)
         self.pieces, self.used = [], 0

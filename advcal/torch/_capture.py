@@ -28,6 +28,7 @@ import numpy as np
 from advcal.torch._accumulate import (
     _Blocks,
     _check_finite,
+    _Collect,
     _extend,
     _group_layout,
     _OneHot,
@@ -36,6 +37,7 @@ from advcal.torch._accumulate import (
     _sketch_sides,
 )
 from advcal.torch._layers import LayerSelection, _by_rule, _resolve_layers, _torch
+from advcal.torch._packing import _Packing
 from advcal.torch._stream import (
     _Call,
     _checkpoint_frame,
@@ -190,6 +192,7 @@ class GradientCapture:
                                  "that shares its weight out.")
             self._shared.add(id(m.weight))
         self._looked_up: list[list[_Call]] = [[] for _ in self._embeddings]
+        self._packing: _Packing | None = None  # a packed batch's token map, during gram()
         self._state = "new"
 
     @property
@@ -277,7 +280,7 @@ class GradientCapture:
 
     def gram(self, objectives: Any, offsets: Any = None, group_ids: Any = None, *,
              group_size: int | None = None, output: str = "numpy",
-             start: tuple[Any, Any] | None = None) -> Any:
+             start: tuple[Any, Any] | None = None, tokens: Any = None) -> Any:
         """Gram matrices of the responses' policy gradients, group by group.
 
         Call it after the forward pass (inside or after the ``with`` block) and before the
@@ -308,6 +311,13 @@ class GradientCapture:
             that gradient itself (the TRL integration does, at the input of TRL's fused LM
             head, to skip the head's recomputation).  Every path from the objectives to the
             covered layers must pass through ``tensor``.
+        tokens : array_like of int, shape (L,), optional
+            A packed batch: the covered layers see every response's tokens along one axis
+            of L tokens (verl's ``use_remove_padding``, TRL's padding-free batches) instead
+            of one row per response, and ``tokens[t]`` is the response of token t (-1 for
+            a token of none).  Each layer's input and output are then read as L token rows
+            (every axis but the features flattened, in order).  Build it with
+            :func:`tokens_from_cu_seqlens` or :func:`tokens_from_position_ids`.
 
         Returns
         -------
@@ -323,9 +333,62 @@ class GradientCapture:
             exact); when the Gram matrix is not finite (naming the objectives, the layers
             whose inputs or output gradients hold NaN or inf, or an overflow).
         """
-        torch = _torch()
         if output not in OUTPUTS:
             raise ValueError(f"`output` must be one of {OUTPUTS}; got {output!r}.")
+        n = self._check_objectives(objectives)
+        order, bounds, dense = _group_layout(n, offsets, group_ids, group_size)
+        torch = _torch()
+        out = self._run(objectives, n, tokens, start,
+                        lambda acc, device: _Blocks(torch, order, bounds, acc, device), dense)
+        if output == "tensor":
+            return out
+        return out.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+    def rows(self, objectives: Any, *, tokens: Any = None) -> Any:
+        """Per-response gradient rows R, one row per response, with K = R Rᵀ.
+
+        The rows of a sketched capture are the responses' sketched gradients
+        (P_out Δ_iᵀ)(H_i P_inᵀ), with layers of at most ``sketch_dim`` weights and every bias
+        exact; without ``sketch_dim`` they are the exact per-response gradients of the
+        covered parameters (only sensible for small parameter sets such as LoRA adapters).
+        Rows are linear in the gradient, so they add up: where a group's responses run in
+        several forward passes (micro-batches, data-parallel ranks), each pass's capture
+        gives the rows of its responses, and :func:`gram_from_rows` makes K of their
+        concatenation.  Captures of one model with the same layers, ``sketch_dim``,
+        ``seed`` and ``sketch`` lay their columns out alike (the same projections, columns
+        ordered by layer), so their rows can be put side by side.
+
+        Parameters
+        ----------
+        objectives : torch.Tensor, shape (N,)
+            As for :meth:`gram`.
+        tokens : array_like of int, optional
+            A packed batch's token map, as for :meth:`gram`.
+
+        Returns
+        -------
+        torch.Tensor, shape (N, F)
+            float64 (float32 on MPS), on the model's device.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`gram`; also when a covered layer did not run (its columns would be
+            missing, so rows of other passes could not line up).
+        """
+        n = self._check_objectives(objectives)
+        missing = [self._layers[i].name for i, calls in enumerate(self._records or [])
+                   if not calls]
+        if missing:
+            raise ValueError(f"`layers`: {_shorten(missing)} did not run with gradients in "
+                             "this forward pass, so its rows would lack their columns and "
+                             "not line up with other passes'; select only layers that run.")
+        torch = _torch()
+        return self._run(objectives, n, tokens, None,
+                         lambda acc, device: _Collect(torch, n, acc, device), False)
+
+    def _check_objectives(self, objectives: Any) -> int:
+        torch = _torch()
         if self._state == "new":
             raise ValueError("`objectives` were not produced under this capture: run the "
                              "forward pass inside `with capture:` before gram().")
@@ -343,11 +406,23 @@ class GradientCapture:
         if objectives.grad_fn is None:
             raise ValueError("`objectives` has no grad_fn: compute it from the forward pass "
                              "under the capture, with gradients enabled.")
-        n = int(objectives.shape[0])
-        order, bounds, dense = _group_layout(n, offsets, group_ids, group_size)
+        return int(objectives.shape[0])
+
+    def _run(self, objectives: Any, n: int, tokens: Any, start: tuple[Any, Any] | None,
+             sink: Callable[[Any, Any], Any], dense: bool) -> Any:
+        """The streamed backward, its contributions added into ``sink(acc, device)`` (the
+        groups' blocks, or the rows themselves); returns the sink's result."""
+        torch = _torch()
+        self._packing = None if tokens is None else _Packing(tokens, n)
         records = self._records
         assert records is not None
-        flat = [call for layer_records in records for call in layer_records]
+        root, seed = (objectives.sum(), None) if start is None else start
+        # calls whose output the root does not reach add nothing to ∇J (a layer called on
+        # detached work, as peft's DoRA computes its weight norm)
+        reach, keep = _reaches(root.grad_fn, set(), set()) if root.grad_fn is not None \
+            else ({}, [])
+        flat = [call for layer_records in records for call in layer_records
+                if id(call.node) in reach or call.view]
         silent = {i for i, recs in enumerate(records) if not recs}
         hidden = sorted(silent & self._nograd)
         if hidden and _reentrant_checkpoint(objectives.grad_fn):
@@ -371,16 +446,16 @@ class GradientCapture:
         # Chosen by a rule: K covers the layers that ran (their indices keep the sketch's
         # per-layer seeds).
         self._silent = silent
-        lookups = [call for calls in self._looked_up for call in calls]
-        for call in flat + lookups:
-            name = self._call_name(call)
-            y = call.y()
-            if call.x is not None and not call.lookup and call.x._version != call.x_version:
-                raise ValueError(f"layer {name!r}: its input was modified in place after "
-                                 "the layer ran, so the recorded values are not those the "
-                                 "gradient flowed through.")
-            if y is not None and y._version != call.y_version:
-                raise _modified_output(name, call.lookup)
+        lookups = [call for calls in self._looked_up for call in calls
+                   if id(call.node) in reach]
+        del reach, keep
+        for call in flat:
+            # only the inputs are read: an output edited in place (a residual added into
+            # it) still hands its layer's node the gradient of the layer's own output
+            if call.x is not None and call.x._version != call.x_version:
+                raise ValueError(f"layer {self._call_name(call)!r}: its input was modified "
+                                 "in place after the layer ran, so the recorded values are "
+                                 "not those the gradient flowed through.")
         for call in flat:  # before anything is consumed
             name = self._call_name(call)
             self._check_rows(call.x_shape, n, name, "input")
@@ -397,11 +472,10 @@ class GradientCapture:
         params = self.parameters()
         acc = torch.float64 if torch.float64 in {p.dtype for p in params} else torch.float32
         device = params[0].device
-        root, seed = (objectives.sum(), None) if start is None else start
         targets = self._targets(root, calls)
         units, unit_calls = self._units(calls)
         names = [unit.name for unit in units]
-        blocks = _Blocks(torch, order, bounds, acc, device)
+        blocks = sink(acc, device)
         stream = _Stream(self, calls, units, unit_calls, n, blocks,
                          _Rows(torch, blocks, n, acc), acc)
         del units, unit_calls
@@ -438,15 +512,14 @@ class GradientCapture:
         finally:
             for handle in handles:
                 handle.remove()
+            self._packing = None
         stream.check_recomputed()
         if not stream.arrived:
             raise ValueError("`objectives` was not produced under the capture: it does not "
                              "depend on any recorded layer output.")
         out = stream.finish(dense)
         _check_finite(out, objectives, names, stream.extremes)
-        if output == "tensor":
-            return out
-        return out.detach().to(device="cpu", dtype=torch.float64).numpy()
+        return out
 
     def _call_name(self, call: _Call) -> str:
         return self._embeddings[call.owner][0] if call.lookup else self._layers[call.owner].name
@@ -466,11 +539,17 @@ class GradientCapture:
         reach, keep = _reaches(root_fn, set(), set())  # keep: ids stay valid while it lives
         reachable = set(reach)
         for call in calls:
-            if id(call.node) not in reachable and call.view and any(
-                    child is not None and id(child) in reachable
-                    for child, _ in call.node.next_functions):
-                # an in-place edit of a view output rebased its history past its node
-                raise _modified_output(self._call_name(call), call.lookup)
+            if id(call.node) not in reachable and call.view:
+                # an in-place edit of a view output (a linear layer's 3-D output is a view
+                # of its 2-D product) rebased its history past its node: δ arrives at the
+                # view's base instead, and is read in the output's shape (see deliver)
+                bases = [(child, nr) for child, nr in call.node.next_functions
+                         if child is not None and id(child) in reachable]
+                if len(bases) > 1:
+                    raise _modified_output(self._call_name(call), call.lookup)
+                if bases:
+                    call.node, call.output_nr = bases[0]
+                    call.rebased = True
         live = sorted((call for call in calls if id(call.node) in reachable),
                       key=lambda call: call.order)
         nodes = {id(call.node) for call in calls}
@@ -591,12 +670,20 @@ class GradientCapture:
 
     def _token_rows(self, tensor: Any, n: int) -> Any:
         """(N, tokens, features) view of a layer input or output (checked by gram)."""
+        if self._packing is not None:
+            return self._packing.rows(tensor)
         if self._batch_dim % tensor.ndim:
             tensor = tensor.movedim(self._batch_dim, 0)
         return tensor.reshape(n, -1, tensor.shape[-1])
 
     def _check_rows(self, shape: tuple[int, ...], n: int, name: str, what: str) -> None:
+        if self._packing is not None:
+            self._packing.check(shape, name, what)
+            return
         dim, ndim = self._batch_dim, len(shape)
+        if ndim == 2 and dim == 0 and shape[0] % n == 0 and shape[0] > n:
+            # (N·T, features): a batch-first (N, T, features) flattened, as OPT's MLP does
+            return
         if ndim < 2 or not -ndim <= dim < ndim or shape[dim] != n:
             raise ValueError(f"layer {name!r}: its {what} has shape {shape}, whose axis "
                              f"batch_dim={dim} is not the {n} responses of `objectives`.")
@@ -686,6 +773,8 @@ class GradientCapture:
 
     def _token_ids(self, ids: Any, n: int) -> Any:
         """(N, tokens) view of an embedding's ids (its output's axes but the last)."""
+        if self._packing is not None:
+            return self._packing.ids(ids)
         dim = self._batch_dim % (ids.ndim + 1)
         if dim:
             ids = ids.movedim(dim, 0)

@@ -9,6 +9,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from advcal.torch._accumulate import (
     _Blocks,
     _OneHot,
@@ -20,11 +22,10 @@ from advcal.torch._layers import _torch
 class _Call:
     """One recorded call of a covered layer (or lookup of a tied embedding): its input
     (kept only when a product reads it), and its output's autograd node rather than the
-    output itself, so that the capture holds no activation the graph does not hold (the
-    output only weakly, to see in-place edits while someone else keeps it)."""
+    output itself, so that the capture holds no activation the graph does not hold."""
 
     __slots__ = ("owner", "order", "pos", "x", "x_ref", "recompute", "edge", "x_version",
-                 "x_shape", "node", "output_nr", "shape", "y", "y_version", "view", "lookup",
+                 "x_shape", "node", "output_nr", "shape", "view", "rebased", "lookup",
                  "frame", "slot")
 
     def __init__(self, owner: int, order: int, x: Any, keep: bool, y: Any,
@@ -47,9 +48,8 @@ class _Call:
         self.node = y.grad_fn
         self.output_nr = y.output_nr
         self.shape = tuple(y.shape)
-        self.y = weakref.ref(y)
-        self.y_version = y._version
         self.view = bool(y._is_view())
+        self.rebased = False  # δ comes at the view's base (an in-place edit bypassed it)
         self.lookup = lookup
 
 
@@ -245,6 +245,11 @@ class _Stream:
                              "are unknown and K cannot cover them.")
 
     def arrive(self, call: _Call, delta: Any) -> None:
+        if call.rebased and tuple(delta.shape) != call.shape:
+            # the base of the output's view: the same numbers, unless the view took part
+            if delta.numel() != int(np.prod(call.shape)):
+                raise _modified_output(self.capture._call_name(call), call.lookup)
+            delta = delta.reshape(call.shape)
         self.seen.add(call.pos)
         self.arrived += 1
         if call.recompute and call.x is None:  # its recomputation has not run yet
@@ -286,6 +291,7 @@ class _Stream:
     def run(self, unit: int) -> None:
         """Add ``unit`` to the blocks, its calls in forward order, and release them."""
         self.done[unit] = True
+        self.rows.key = unit
         sums, self.sums[unit] = self.sums[unit], None
         if sums is not None:
             for part in reversed(sums):  # the bias's rows first
