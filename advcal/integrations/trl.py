@@ -273,9 +273,13 @@ class AdvcalGRPOMixin:
 
     Notes
     -----
-    ``"setgrpo"`` needs every group whole inside one forward pass of the loss: TRL's
-    ``steps_per_generation`` must be 1 and each rank's share of the generation batch a
-    multiple of ``num_generations``.  Gradients never leave their rank.  Its calibration
+    ``"setgrpo"`` needs every group's responses in the same step of the loss: TRL's
+    ``steps_per_generation`` must be 1.  Where each rank holds whole groups
+    (``per_device_train_batch_size`` a multiple of ``num_generations``) gradients never
+    leave their rank.  Where a group is split over ranks, each rank's per-response gradient
+    rows (:meth:`advcal.torch.GradientCapture.rows`) are all-gathered in the loss, and every
+    rank runs SetGRPO on the whole generation batch: set ``gram_sketch_dim`` (or cover LoRA
+    adapters), since exact rows are whole per-response gradients.  Its calibration
     must not be ``noise="diagonal"`` with ``shape="joint"`` (TRL's rewards carry no
     per-response grader variances), and its rewards must be finite (``None`` is fine).
 
@@ -309,14 +313,16 @@ class AdvcalGRPOMixin:
 
     def _check_whole_groups(self) -> None:
         args = self.args  # type: ignore[attr-defined]
-        per_rank = args.per_device_train_batch_size * args.steps_per_generation
-        if args.steps_per_generation != 1 or per_rank % self.num_generations:  # type: ignore[attr-defined]
+        if args.steps_per_generation != 1:
             raise ValueError(
-                "advantage='setgrpo' needs each group whole in one forward pass of the loss: "
-                "set steps_per_generation=1 and per_device_train_batch_size to a multiple of "
-                f"num_generations; got steps_per_generation={args.steps_per_generation}, "
-                f"per_device_train_batch_size={args.per_device_train_batch_size}, "
-                f"num_generations={self.num_generations}.")  # type: ignore[attr-defined]
+                "advantage='setgrpo' needs each group's responses in the same step of the "
+                "loss (TRL shuffles a generation batch over its steps, so a group's Gram "
+                "matrix would span several backward passes): set steps_per_generation=1; got "
+                f"steps_per_generation={args.steps_per_generation}.")
+        # A group split over ranks (per_device_train_batch_size not a multiple of
+        # num_generations): each rank's gradient rows are gathered in the loss.
+        per_rank = args.per_device_train_batch_size
+        self._advcal_split = bool(per_rank % self.num_generations)  # type: ignore[attr-defined]
 
     def _calculate_rewards(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         rewards_per_func = super()._calculate_rewards(*args, **kwargs)  # type: ignore[misc]
@@ -345,8 +351,9 @@ class AdvcalGRPOMixin:
             self.trl_advantages = self.trl_advantages.clone()
             metrics = _metrics(*_grouped(rewards, "grpo", {}))
             output["advcal_rewards"] = torch.as_tensor(rewards.ravel()[part], device=local.device)
-            output["advcal_group"] = torch.arange(part.start, part.stop,
-                                                  device=local.device) // group_size
+            index = torch.arange(part.start, part.stop, device=local.device)
+            output["advcal_group"] = index // group_size
+            output["advcal_index"] = index  # the response's place in the generation batch
         else:
             advantages, metrics = self._advcal_advantages(rewards)
             mine = advantages.ravel()[part]
@@ -463,15 +470,36 @@ class AdvcalGRPOMixin:
         )
         groups = inputs["advcal_group"].cpu().numpy()
         rewards = np.asarray(inputs["advcal_rewards"].detach().cpu().numpy(), dtype=np.float64)
+        # The backward starts below TRL's fused LM head where that gives the same K.
+        start = head_start(objectives)
+        mine = None
+        if getattr(self, "_advcal_split", False):
+            # groups span ranks: every rank's gradient rows and their responses, gathered,
+            # then the step of the whole generation batch on every rank
+            from advcal.torch import gather_rows, gram_from_rows
+
+            rows = gather_rows(capture.rows(objectives, start=start))
+            index = inputs["advcal_index"].to(torch.float64)
+            meta = torch.stack([index, inputs["advcal_group"].to(torch.float64),
+                                inputs["advcal_rewards"].to(torch.float64)], dim=1)
+            meta = gather_rows(meta.to(rows.device)).cpu().numpy()
+            every = np.argsort(meta[:, 0], kind="stable")
+            rows = rows[torch.as_tensor(every, device=rows.device)]
+            groups = meta[every, 1].astype(np.int64)
+            rewards = meta[every, 2]
+            mine = np.searchsorted(meta[every, 0], inputs["advcal_index"].cpu().numpy())
         # TRL shuffles the batch before the loss: one stable sort groups the rows (by group
         # number, rows in batch order), and the Gram blocks come in that layout.
         order = np.argsort(groups, kind="stable")
         ordered = groups[order]
         bounds = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1,
                                  [groups.size]))
-        # The backward starts below TRL's fused LM head where that gives the same K.
-        gram = capture.gram(objectives, group_ids=GroupIndex(bounds, order, ordered[bounds[:-1]]),
-                            start=head_start(objectives))
+        layout = GroupIndex(bounds, order, ordered[bounds[:-1]])
+        if mine is None:
+            gram = capture.gram(objectives, group_ids=layout, start=start)
+        else:
+            gram = gram_from_rows(rows, group_ids=layout)
+            del rows
         sizes = np.diff(bounds)
         if not np.isnan(rewards).any():
             keep, offsets, kept_sizes, blocks = order, bounds, sizes, [gram]
@@ -525,6 +553,8 @@ class AdvcalGRPOMixin:
             "coef_norm_ratio": float(np.mean(recovered[ratio_at] / norms[ratio_at]))
             if ratio_at.any() else math.nan,
         })
+        if mine is not None:
+            coefficients = coefficients[mine]
         return torch.as_tensor(coefficients, dtype=per_token_logps.dtype,
                                device=per_token_logps.device)
 

@@ -344,7 +344,8 @@ class GradientCapture:
             return out
         return out.detach().to(device="cpu", dtype=torch.float64).numpy()
 
-    def rows(self, objectives: Any, *, tokens: Any = None) -> Any:
+    def rows(self, objectives: Any, *, tokens: Any = None,
+             start: tuple[Any, Any] | None = None) -> Any:
         """Per-response gradient rows R, one row per response, with K = R Rᵀ.
 
         The rows of a sketched capture are the responses' sketched gradients
@@ -364,6 +365,8 @@ class GradientCapture:
             As for :meth:`gram`.
         tokens : array_like of int, optional
             A packed batch's token map, as for :meth:`gram`.
+        start : (torch.Tensor, torch.Tensor), optional
+            Where the backward starts, as for :meth:`gram`.
 
         Returns
         -------
@@ -384,7 +387,7 @@ class GradientCapture:
                              "this forward pass, so its rows would lack their columns and "
                              "not line up with other passes'; select only layers that run.")
         torch = _torch()
-        return self._run(objectives, n, tokens, None,
+        return self._run(objectives, n, tokens, start,
                          lambda acc, device: _Collect(torch, n, acc, device), False)
 
     def _check_objectives(self, objectives: Any) -> int:
