@@ -47,7 +47,11 @@ pytest: $(STAMP_DEV) $(STAMP_TORCH)
 
 test: lint typecheck pytest
 
-bench: $(STAMP_RUN)
+# The benchmarks time advcal against its peers: torch, TRL and Opacus where the torch wheel is.
+bench: $(STAMP_DEV) $(STAMP_TORCH)
+ifneq ($(TORCH_WHEEL),)
+	-$(BIN)/pip install -q -e ".[bench]"
+endif
 	$(BIN)/python -m benchmarks
 
 $(STAMP_DOCS): requirements-docs.txt | $(STAMP_RUN)

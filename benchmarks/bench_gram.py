@@ -2,8 +2,12 @@
 
 A tiny causal transformer (4 blocks, d = 256, T = 128, 4 groups of 16 responses, CPU): the
 forward pass plus the exact Gram matrix against the forward pass plus one backward pass of
-the batch loss, the sketched Gram matrix, and brute force (one autograd pass per response).
-Peak memory is the growth of the peak resident set of a fresh process running one step.
+the batch loss, the sketched Gram matrix, and the fixed peers for per-sample gradients:
+torch.func (vmap of grad), Opacus's per-sample gradients (GradSampleModule, where opacus is
+installed) and brute force (one autograd pass per response), each followed by G Gᵀ.  The
+same model with every block under non-reentrant activation checkpointing gives the
+checkpointed backward and Gram.  Peak memory is the growth of the peak resident set of a
+fresh process running one step.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ SCALING = {
 BRUTE = "forward + 2 per-response passes"
 
 
-def _setup(quick: bool, sizes: tuple[int, ...] | None = None
+def _setup(quick: bool, sizes: tuple[int, ...] | None = None, checkpointing: bool = False
            ) -> tuple[Any, Any, Callable[[], Any], int]:
     import torch
     from torch import nn
@@ -67,9 +71,11 @@ def _setup(quick: bool, sizes: tuple[int, ...] | None = None
             self.head = nn.Linear(d, vocab, bias=False)
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            from torch.utils.checkpoint import checkpoint
+
             x = self.embed(ids)
             for block in self.blocks:
-                x = block(x)
+                x = checkpoint(block, x, use_reentrant=False) if checkpointing else block(x)
             return self.head(self.norm(x))
 
     torch.manual_seed(0)
@@ -79,11 +85,16 @@ def _setup(quick: bool, sizes: tuple[int, ...] | None = None
     lengths = torch.randint(t // 2, t + 1, (n,))
     mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
 
-    def objectives() -> Any:
-        logits = model(ids[:, :-1])
-        logps = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
-        return response_objectives(logps, mask)
+    def objectives(net: Any = model, rows: Any = None, batch: int = n) -> Any:
+        """J of every response, or of ``rows`` only, normalised as in a batch of ``batch``."""
+        tokens = ids if rows is None else ids[rows]
+        weights = mask if rows is None else mask[rows]
+        logits = net(tokens[:, :-1])
+        logps = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
+        return (logps * weights).sum(dim=1) / (weights.sum(dim=1).clamp(min=1) * batch)
 
+    check = response_objectives(torch.zeros(2, 3), torch.ones(2, 3))  # the same rule
+    assert check.shape == (2,)
     return model, torch.randn(n), objectives, g
 
 
@@ -117,14 +128,94 @@ def _candidates(quick: bool) -> tuple[dict[str, Callable[[], object]], Any]:
         for i in range(2):
             torch.autograd.grad(j[i], capture.parameters(), retain_graph=True)
 
+    covered = GradientCapture(model).parameters()
+    names = {id(p): name for name, p in model.named_parameters()}
+    n = adv.shape[0]
+
+    def blocks_of(per_sample: Any) -> Any:
+        rows = per_sample.reshape(n // g, g, -1).double()
+        return rows @ rows.transpose(1, 2)
+
+    def func_peer() -> object:
+        # torch.func: per-sample gradients of the covered parameters by vmap(grad), then G Gᵀ
+        from torch.func import functional_call, grad, vmap
+
+        fixed = {name: p.detach() for name, p in model.named_parameters()}
+        wanted = {names[id(p)]: p.detach() for p in covered}
+
+        def one(params: dict[str, Any], row: Any) -> Any:
+            net = lambda tokens: functional_call(model, {**fixed, **params}, (tokens,))  # noqa: E731
+            return objectives(net, row[None], n)[0]
+
+        per = vmap(grad(one), in_dims=(None, 0))(wanted, torch.arange(n))
+        return blocks_of(torch.cat([per[names[id(p)]].reshape(n, -1) for p in covered], 1))
+
     candidates = {
         "forward + backward of the loss": backward,
         "forward only": forward,
         "forward + exact Gram": gram(),
         "forward + sketched Gram, k = 1024": gram(1024),
+        "torch.func vmap(grad) + G G^T": func_peer,
         BRUTE: two_passes,
     }
+    if importlib.util.find_spec("opacus") is not None:
+        candidates["Opacus per-sample grads + G G^T"] = _opacus_peer(model, adv, objectives,
+                                                                   covered, blocks_of)
     return candidates, (model, adv, objectives, g)
+
+
+def _opacus_peer(model: Any, adv: Any, objectives: Callable[..., Any], covered: list[Any],
+                 blocks_of: Callable[[Any], Any]) -> Callable[[], object]:
+    import copy
+
+    from opacus import GradSampleModule
+
+    # Opacus hooks a copy (it wraps the module); only the covered parameters train
+    twin = copy.deepcopy(model)
+    wanted = {name for name, p in model.named_parameters()
+              if any(p is q for q in covered)}
+    for name, p in twin.named_parameters():
+        p.requires_grad_(name in wanted)
+    sampled = GradSampleModule(twin, loss_reduction="sum")
+    params = [p for name, p in twin.named_parameters() if name in wanted]
+
+    def run() -> object:
+        sampled.zero_grad(set_to_none=True)
+        for p in params:
+            p.grad_sample = None
+        objectives(sampled).sum().backward()
+        return blocks_of(torch_cat([p.grad_sample.reshape(p.grad_sample.shape[0], -1)
+                                    for p in params]))
+
+    return run
+
+
+def torch_cat(parts: list[Any]) -> Any:
+    import torch
+
+    return torch.cat(parts, dim=1)
+
+
+def _checkpointed(quick: bool) -> dict[str, Callable[[], object]]:
+    """The same model with every block under non-reentrant activation checkpointing."""
+    from advcal.torch import GradientCapture
+
+    model, adv, objectives, g = _setup(quick, checkpointing=True)
+
+    def backward() -> None:
+        model.zero_grad(set_to_none=True)
+        (-(adv * objectives()).sum()).backward()
+
+    def gram() -> object:
+        with GradientCapture(model) as capture:
+            j = objectives()
+        return capture.gram(j, group_size=g)
+
+    return {CKPT_BACKWARD: backward, CKPT_GRAM: gram}
+
+
+CKPT_BACKWARD = "checkpointed: forward + backward of the loss"
+CKPT_GRAM = "checkpointed: forward + exact Gram"
 
 
 class _Timed:
@@ -289,6 +380,7 @@ def _case(quick: bool, name: str) -> Case:
     # One thread: on a shared 2-core machine torch's pool mostly measures contention.
     torch.set_num_threads(1)
     candidates, state = _candidates(quick)
+    candidates.update(_checkpointed(quick))
     timed = _Timed()
     wrapped = {label: timed.wrap(label, fn) for label, fn in candidates.items()}
     base, fwd = "forward + backward of the loss", "forward only"
@@ -303,6 +395,16 @@ def _case(quick: bool, name: str) -> Case:
                     ratio = (best[label] - best[fwd]) / (best[base] - best[fwd])
                     lines.append(f"{label} without the forward: {ratio:.2f}x the backward "
                                  "pass alone (best times, forward-only subtracted)")
+        if CKPT_BACKWARD in best and CKPT_GRAM in best:
+            ratio = best[CKPT_GRAM] / best[CKPT_BACKWARD]
+            lines.append(f"checkpointed: forward + exact Gram {ratio:.2f}x forward + backward "
+                         "of the loss, both under checkpointing (best times)")
+        for peer in PEERS:
+            if peer in best and "forward + exact Gram" in best:
+                lines.append(f"{peer}: {best[peer] / best['forward + exact Gram']:.2f}x "
+                             "forward + exact Gram (best times)")
+        if "Opacus per-sample grads + G G^T" not in best:
+            lines.append("Opacus not installed: its peer was not run (pip install opacus)")
         if BRUTE in best and fwd in best and "forward + exact Gram" in best:
             one = (best[BRUTE] - best[fwd]) / 2
             n = g * groups
@@ -314,5 +416,24 @@ def _case(quick: bool, name: str) -> Case:
                              f"{one / (best[base] - best[fwd]):.2f}x the backward pass)")
         return lines + extra
 
+    def check() -> str:
+        # the peers' K against the capture's: float32 per-sample gradients of sums over
+        # T·d terms carry relative errors of about 1e-6 each, so 1e-4 of ‖K‖ is ample
+        import numpy as np
+
+        exact = np.asarray(candidates["forward + exact Gram"]())
+        worst = 0.0
+        for label in PEERS:
+            if label in candidates:
+                peer = np.asarray(candidates[label]())
+                error = float(np.linalg.norm(peer - exact) / np.linalg.norm(exact))
+                assert error <= 1e-4, f"{label}: K differs from the capture's by {error:.1e}"
+                worst = max(worst, error)
+        return (f"checked before timing: the peers' K within 1e-4 of the exact Gram's in "
+                f"Frobenius norm (largest {worst:.1e}; float32 per-sample gradients)")
+
     return Case(name, wrapped, base, target="exact Gram <= 1.5x the backward pass",
-                notes=_Notes(notes))
+                notes=_Notes(notes), check=check)
+
+
+PEERS = ("torch.func vmap(grad) + G G^T", "Opacus per-sample grads + G G^T")
