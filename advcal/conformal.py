@@ -9,7 +9,7 @@ wrote (see ``docs/conformal.md``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from types import MappingProxyType
@@ -21,7 +21,8 @@ from numpy.typing import ArrayLike
 from advcal import _fields
 from advcal._float_search import first_float, last_float
 from advcal._validation import as_float_array, check_bounds, check_choice, check_int, check_real
-from advcal.layouts import label_key, numpy_keeps_labels
+from advcal.labels import LabelMapping, category_codes
+from advcal.layouts import label_key
 
 __all__ = [
     "conformal_rank",
@@ -156,75 +157,6 @@ class RewardRanges(NamedTuple):
 
     lo: np.ndarray
     hi: np.ndarray
-
-
-class LabelMapping(Mapping[Any, float]):
-    """A read-only mapping from category labels, under advcal's label rule.
-
-    Two labels are the same key only when they have the same type and value (see
-    :func:`advcal.layouts.label_key`): ``1``, ``True``, ``1.0`` and ``"1"`` are four keys,
-    where a ``dict`` would merge the first three.  Iteration yields the labels as they
-    were given, in order of first appearance.
-
-    Parameters
-    ----------
-    items : iterable of (label, value)
-        The entries; a label given twice (under the rule) raises ``ValueError``.
-    """
-
-    __slots__ = ("_labels", "_values")
-
-    def __init__(self, items: Iterable[tuple[Any, float]] = ()) -> None:
-        labels: dict[Any, Any] = {}
-        values: dict[Any, float] = {}
-        for label, value in items:
-            key = label_key(label)
-            if key in labels:
-                raise ValueError(f"`radius` has the label {label!r} twice.")
-            labels[key] = label
-            values[key] = value
-        self._labels = labels
-        self._values = values
-
-    def __getitem__(self, label: Any) -> float:
-        try:
-            return self._values[label_key(label)]
-        except TypeError:
-            raise KeyError(label) from None
-        except KeyError:
-            raise KeyError(label) from None
-
-    def __contains__(self, label: object) -> bool:
-        try:
-            return label_key(label) in self._values
-        except TypeError:  # an unhashable label is never a key
-            return False
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._labels.values())
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __repr__(self) -> str:
-        body = ", ".join(f"{self._labels[k]!r}: {v!r}" for k, v in self._values.items())
-        return f"LabelMapping({{{body}}})"
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Mapping):
-            return NotImplemented
-        if isinstance(other, LabelMapping):
-            return self._values == other._values
-        try:
-            typed = LabelMapping(other.items())
-        except (TypeError, ValueError):
-            return False
-        return self._values == typed._values
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (LabelMapping, (list(self.items()),))
 
 
 # --------------------------------------------------------------------------- exact ranges
@@ -569,7 +501,7 @@ class RangeCalibration:
             raise ValueError(
                 "`categories` are required: the calibration is per category (Mondrian)."
             )
-        labels, codes = _category_codes(categories, shape)
+        labels, codes = category_codes(categories, shape)
         index = {label_key(lab): i for i, lab in enumerate(self.radius)}
         per_label = np.empty(len(labels), dtype=np.int64)
         for i, label in enumerate(labels):
@@ -631,74 +563,6 @@ def _score_inputs(method: str, judge: Any, sigma: Any, lower: Any, upper: Any,
         np.float64)
     return _ScoreInputs(as64.get("judge", empty), as64.get("sigma", empty),
                         as64.get("lower", empty), as64.get("upper", empty), ref, shape, dtype)
-
-
-def _category_codes(categories: Any, shape: tuple[int, ...]) -> tuple[list[Any], np.ndarray]:
-    """Distinct labels and a code per response (flattened), for any hashable labels."""
-    if isinstance(categories, (str, bytes)):
-        raise TypeError("`categories` must be a sequence of labels, not a single string.")
-    try:
-        arr: np.ndarray | None = np.asarray(categories)
-    except (TypeError, ValueError):  # ragged sequences of tuples and the like
-        arr = None
-    if arr is not None and arr.dtype.kind in "biuf" and not isinstance(categories, np.ndarray):
-        flat = list(np.asarray(categories, dtype=object).reshape(-1))
-        if not numpy_keeps_labels(flat):
-            # [1, True, 1.0] would become three equal floats: hash the labels instead.
-            if arr.shape == shape:
-                return _hashed_codes(flat)
-            raise ValueError(f"`categories` must have shape {shape}; got {arr.shape}.")
-    if (arr is not None and arr.dtype.kind in "US"
-            and not isinstance(categories, np.ndarray)):
-        # numpy would turn [1, "1"] (at any nesting) into ["1", "1"]: keep the labels'
-        # own types, hashing them flat when they have the rewards' shape.
-        labelled = np.asarray(categories, dtype=object)
-        if labelled.shape == shape and not all(isinstance(c, (str, bytes))
-                                               for c in labelled.reshape(-1)):
-            return _hashed_codes(list(labelled.reshape(-1)))
-        if arr.ndim == 1 and not all(isinstance(c, (str, bytes)) for c in categories):
-            arr = None
-    if arr is not None and arr.dtype.kind in "biufUS":
-        if arr.shape == shape:
-            if arr.dtype.kind == "f" and np.isnan(arr).any():
-                raise ValueError("`categories` must not contain NaN.")
-            labels, inverse = np.unique(arr.reshape(-1), return_inverse=True)
-            return labels.tolist(), inverse.reshape(-1)
-        if isinstance(categories, np.ndarray) or arr.ndim != 2 or len(shape) != 1:
-            raise ValueError(f"`categories` must have shape {shape}; got {arr.shape}.")
-    # Labels numpy cannot hold as one array (tuples, mixed types): one dict pass.
-    try:
-        items = list(categories)
-    except TypeError:
-        raise TypeError("`categories` must be a sequence of hashable labels.") from None
-    if len(shape) != 1 or len(items) != shape[0]:
-        raise ValueError(f"`categories` must have shape {shape}; got {len(items)} labels.")
-    return _hashed_codes(items)
-
-
-def _hashed_codes(items: list[Any]) -> tuple[list[Any], np.ndarray]:
-    """Labels in order of first appearance and a code per label, by hashing.
-
-    Labels are equal only with the same type and value (:func:`label_key`); a numpy
-    scalar label is kept as the Python scalar it stands for.
-    """
-    seen: dict[Any, int] = {}
-    labels: list[Any] = []
-    codes = np.empty(len(items), dtype=np.int64)
-    for i, label in enumerate(items):
-        if isinstance(label, (float, np.floating, complex, np.complexfloating)) \
-                and label != label:
-            raise ValueError("`categories` must not contain NaN.")
-        try:
-            code = seen.setdefault(label_key(label), len(seen))
-        except TypeError:
-            raise TypeError(
-                f"`categories` must hold hashable labels; got {type(label).__name__}."
-            ) from None
-        if code == len(labels):
-            labels.append(label.item() if isinstance(label, np.generic) else label)
-        codes[i] = code
-    return labels, codes
 
 
 def _outward_cast(lo: np.ndarray, hi: np.ndarray,
@@ -831,7 +695,7 @@ def calibrate_ranges(
         radius = MappingProxyType({None: conformal_quantile(scores, alpha)})
         labels_per_score = None
     else:
-        labels, codes = _category_codes(categories, inputs.shape)
+        labels, codes = category_codes(categories, inputs.shape)
         q = _quantiles_per_code(scores, codes, len(labels), alpha)
         pairs = list(zip(labels, q.tolist(), strict=True))
         plain = dict(pairs)

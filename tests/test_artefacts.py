@@ -31,8 +31,8 @@ from advcal import (
     select_threshold,
     setgrpo,
 )
-from advcal.conformal import LabelMapping
 from advcal.io.artefacts import FORMAT_VERSION
+from advcal.labels import LabelMapping
 from advcal.simulate import gram_matrices, paired_scorings
 
 # --------------------------------------------------------------------------- helpers

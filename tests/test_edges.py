@@ -70,11 +70,11 @@ def test_nan_group_labels_rejected_in_mixed_labels(labels):
 
 
 def test_categories_keep_label_types():
-    from advcal.conformal import _category_codes
+    from advcal.labels import category_codes
 
-    labels, codes = _category_codes([1, "1", 1, "1"], (4,))
+    labels, codes = category_codes([1, "1", 1, "1"], (4,))
     assert labels == [1, "1"] and codes.tolist() == [0, 1, 0, 1]
-    labels, codes = _category_codes([[1, "1"], [1, "1"]], (2, 2))
+    labels, codes = category_codes([[1, "1"], [1, "1"]], (2, 2))
     assert labels == [1, "1"] and codes.tolist() == [0, 1, 0, 1]
     # Through the public function: two categories, each calibrated on its own scores.
     judge = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0])

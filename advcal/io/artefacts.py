@@ -39,12 +39,12 @@ import numpy as np
 from advcal._files import atomic_write, open_regular, user_path
 from advcal._version import __version__
 from advcal.conformal import (
-    LabelMapping,
     RangeCalibration,
     check_range_consistency,
     validate_range_calibration,
 )
 from advcal.io import _npy
+from advcal.labels import LabelMapping
 from advcal.layouts import label_key
 from advcal.risk import ThresholdSelection, validate_threshold_selection
 from advcal.sets import SetCalibration, check_set_consistency, validate_set_calibration
