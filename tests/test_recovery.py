@@ -7,7 +7,7 @@ from functools import cache
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from advcal import (
@@ -120,6 +120,9 @@ def test_kernel_matches_reference_ragged() -> None:
 
 @pytest.mark.parametrize("rank", [None, 2])
 @given(seed=seeds, n=st.sampled_from([3, 6, 8]))
+# rank 2: a secular equation too steep for μ's floats, whose bracket closed with the
+# anchor 3e-8 outside its set on numba's generic target
+@example(seed=341795, n=3)
 def test_anchor_is_direction_safe_and_minimal(rank: int | None, seed: int, n: int) -> None:
     sets, gram = problem(seed, n, n_groups=10, rank=rank)
     rec = recover(sets, gram, tau=0.0)

@@ -143,6 +143,11 @@ def _secular(h, n, g, rho, trace, y, w, low):
             mu_hi = mu
         if abs(ynorm - rho) <= 1e-12 * rho or mu_hi - mu_lo <= 1e-15 * mu_hi:
             break
+    if ynorm > rho * (1.0 + 1e-12):
+        # The bracket closed with y outside the set (‖y(μ)‖ too steep for μ's floats): take
+        # the solution at its other end, inside.  Scaling y back instead would break
+        # (H + μI)y = g, on which the anchor's direction safety rests.
+        _shifted_solve(h, n, mu_hi, g, y, w, low)
     return False
 
 
