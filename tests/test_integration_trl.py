@@ -290,18 +290,78 @@ def test_setgrpo_mode_uses_a_real_gram_and_a_loaded_calibration(tmp_path, monkey
     assert logged["advcal/tau"] == TAU
 
 
-def test_setgrpo_needs_whole_groups_in_the_loss() -> None:
+def test_setgrpo_at_generation_refuses_a_per_step_token_count() -> None:
     tok = word_tokenizer()
     dataset = datasets.Dataset.from_dict({"prompt": ["a b c", "d e f"] * 4})
     config = trl.GRPOConfig(
         output_dir=None, per_device_train_batch_size=4, num_generations=G,
         steps_per_generation=2, max_completion_length=4, max_steps=1, report_to=[],
-        use_cpu=True, save_strategy="no")
+        use_cpu=True, save_strategy="no", loss_type="bnpo")
     calibration = advcal.calibrate_sets(np.eye(G) + 0.1, np.eye(G), alpha=0.5)
-    with pytest.raises(ValueError, match="steps_per_generation=1"):
+    with pytest.raises(ValueError, match="steps_per_generation > 1.*bnpo"):
         _Recording(model=_model(tok), reward_funcs=_length_reward, args=config,
                    train_dataset=dataset, processing_class=tok, advantage="setgrpo",
                    calibration=calibration, tau=0.1)
+
+
+@pytest.mark.parametrize("per_device", [4, 2])
+def test_setgrpo_at_generation_when_steps_split_the_groups(per_device: int) -> None:
+    # steps_per_generation > 1: TRL shuffles each generation batch of 8 (two groups) over
+    # 2 or 4 steps of the loss, so K comes from the generation-time Gram pass (whole groups
+    # per forward, one group per forward however small the loss's batches).
+    rng = np.random.default_rng(1)
+    clean = rng.uniform(0, 1, (300, G))
+    calibration = advcal.calibrate_sets(clean + rng.normal(0, 0.1, clean.shape),
+                                        clean + rng.normal(0, 0.1, clean.shape), alpha=0.2)
+    layers = ["model.layers.1.mlp.down_proj", "model.layers.1.self_attn.o_proj"]
+
+    class Checked(_Recording):
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            from advcal.torch import response_objectives
+
+            net = self.accelerator.unwrap_model(self.model)
+            ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+            att = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+            logps = trl.GRPOTrainer._get_per_token_logps_and_entropies(
+                self, net, ids, att, output["completion_ids"].size(1))[0]
+            objectives = response_objectives(  # dapo: the step's token count, any split
+                logps, output["completion_mask"], loss_type="dapo",
+                num_items_in_batch=output["num_items_in_batch"])
+            params = [net.get_submodule(name).weight for name in layers]
+            flat = torch.stack([torch.cat([g.reshape(-1) for g in torch.autograd.grad(
+                j, params, retain_graph=True)]) for j in objectives]).double().numpy()
+            k = flat @ flat.T
+            n = k.shape[0]
+            blocks = np.concatenate([k[q:q + G, q:q + G].ravel() for q in range(0, n, G)])
+            result = advcal.setgrpo(output["advcal_rewards"].numpy().astype(np.float64),
+                                    advcal.offsets_from_sizes([G] * (n // G)), gram=blocks,
+                                    calibration=calibration, tau=TAU)
+            np.testing.assert_allclose(output["advantages"].numpy(), result.coefficients,
+                                       rtol=1e-4, atol=1e-6)
+            self.checked = getattr(self, "checked", 0) + 1
+            return output
+
+    tok = word_tokenizer()
+    dataset = datasets.Dataset.from_dict({"prompt": ["a b c", "d e f", "g h", "i j k l"] * 4})
+    config = trl.GRPOConfig(
+        output_dir=None, per_device_train_batch_size=per_device, num_generations=G,
+        steps_per_generation=8 // per_device, max_completion_length=6, max_steps=4,
+        report_to=[], use_cpu=True, save_strategy="no", learning_rate=1e-2, logging_steps=1,
+        seed=0, disable_tqdm=True, loss_type="dapo", bf16=False)
+    trainer = Checked(model=_model(tok), reward_funcs=_spread_reward, args=config,
+                      train_dataset=dataset, processing_class=tok, advantage="setgrpo",
+                      calibration=calibration, tau=TAU, gram_layers=layers)
+    trainer.train()
+    steps = 8 // per_device
+    assert trainer.checked == 4 // steps
+    # the loss uses those coefficients, each row after TRL's shuffle over the steps
+    for index, batch in enumerate(trainer.batches):
+        seen = np.zeros(8, dtype=bool)
+        for rows, in_loss in trainer.in_loss[index * steps:(index + 1) * steps]:
+            np.testing.assert_array_equal(in_loss, batch["advcal"][rows])
+            seen[rows] = True
+        assert seen.all()
 
 
 class _FakeCapture:

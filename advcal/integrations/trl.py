@@ -273,13 +273,16 @@ class AdvcalGRPOMixin:
 
     Notes
     -----
-    ``"setgrpo"`` needs every group's responses in the same step of the loss: TRL's
-    ``steps_per_generation`` must be 1.  Where each rank holds whole groups
-    (``per_device_train_batch_size`` a multiple of ``num_generations``) gradients never
-    leave their rank.  Where a group is split over ranks, each rank's per-response gradient
-    rows (:meth:`advcal.torch.GradientCapture.rows`) are all-gathered in the loss, and every
-    rank runs SetGRPO on the whole generation batch: set ``gram_sketch_dim`` (or cover LoRA
-    adapters), since exact rows are whole per-response gradients.  Its calibration
+    ``"setgrpo"`` with ``steps_per_generation=1`` takes K from the loss's own forward pass;
+    with more steps per generation (TRL shuffles a generation batch over them, so no step
+    sees a whole group) from a Gram pass of its own when the batch is generated, one more
+    forward pass per generation, whose objectives must be normalised as the loss will
+    normalise them (``loss_type="bnpo"`` is refused there).  Where each rank holds whole
+    groups gradients never leave their rank.  Where a group is split over ranks, each
+    rank's per-response gradient rows (:meth:`advcal.torch.GradientCapture.rows`) are
+    all-gathered, and every rank runs SetGRPO on the whole generation batch: set
+    ``gram_sketch_dim`` (or cover LoRA adapters), since exact rows are whole per-response
+    gradients.  Its calibration
     must not be ``noise="diagonal"`` with ``shape="joint"`` (TRL's rewards carry no
     per-response grader variances), and its rewards must be finite (``None`` is fine).
 
@@ -292,6 +295,11 @@ class AdvcalGRPOMixin:
     ``"setgrpo"``;
     ``range_width_mean`` for ``"range"``.
     """
+
+    # SetGRPO's layout (set by _check_whole_groups): K computed when the batch is generated
+    # (steps_per_generation > 1), and groups split over ranks (rows gathered).
+    _advcal_at_generation = False
+    _advcal_split = False
 
     def __init__(self, *args: Any, advantage: str = "grpo",
                  advantage_options: Mapping[str, Any] | None = None,
@@ -313,15 +321,19 @@ class AdvcalGRPOMixin:
 
     def _check_whole_groups(self) -> None:
         args = self.args  # type: ignore[attr-defined]
-        if args.steps_per_generation != 1:
+        # With steps_per_generation > 1, TRL shuffles a generation batch over several steps
+        # of the loss, so no loss sees a whole group: K is computed when the batch is
+        # generated, by a Gram pass of its own (whole groups per forward).
+        self._advcal_at_generation = args.steps_per_generation != 1
+        if self._advcal_at_generation and self.loss_type == "bnpo":  # type: ignore[attr-defined]
             raise ValueError(
-                "advantage='setgrpo' needs each group's responses in the same step of the "
-                "loss (TRL shuffles a generation batch over its steps, so a group's Gram "
-                "matrix would span several backward passes): set steps_per_generation=1; got "
-                f"steps_per_generation={args.steps_per_generation}.")
-        # A group split over ranks (per_device_train_batch_size not a multiple of
-        # num_generations): each rank's gradient rows are gathered in the loss.
-        per_rank = args.per_device_train_batch_size
+                "advantage='setgrpo' with steps_per_generation > 1 cannot take "
+                "loss_type='bnpo': each step of the loss divides by its own token count, "
+                "unknown when the batch is generated; use 'dapo' (TRL's default), 'grpo' or "
+                "'dr_grpo', or steps_per_generation=1.")
+        # A group split over ranks (a rank's share of the generation batch not a multiple
+        # of num_generations): each rank's gradient rows are gathered.
+        per_rank = args.per_device_train_batch_size * args.steps_per_generation
         self._advcal_split = bool(per_rank % self.num_generations)  # type: ignore[attr-defined]
 
     def _calculate_rewards(self, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -354,6 +366,8 @@ class AdvcalGRPOMixin:
             index = torch.arange(part.start, part.stop, device=local.device)
             output["advcal_group"] = index // group_size
             output["advcal_index"] = index  # the response's place in the generation batch
+            if mode == "train" and self._advcal_at_generation:
+                output["advantages"] = self._setgrpo_at_generation(output).to(local.dtype)
         else:
             advantages, metrics = self._advcal_advantages(rewards)
             mine = advantages.ravel()[part]
@@ -414,9 +428,10 @@ class AdvcalGRPOMixin:
 
     # -- SetGRPO: the Gram matrices of the loss's own forward pass ------------------------
 
-    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
-        if self._advcal.mode != "setgrpo" or not model.training:
-            return super()._compute_loss(model, inputs)  # type: ignore[misc]
+    def _advcal_capture_of(self, model: Any) -> Any:
+        """A GradientCapture of the policy under ``model`` (unwrapped) with the layers of
+        the settings: resolved once, and again only when the model's modules or their
+        requires_grad change."""
         from advcal.torch import GradientCapture, LayerSelection
 
         settings = self._advcal
@@ -425,15 +440,68 @@ class AdvcalGRPOMixin:
         if unwrapped is None or unwrapped[0] is not model:
             unwrapped = (model, self.accelerator.unwrap_model(model))  # type: ignore[attr-defined]
             self._advcal_unwrapped = unwrapped
-        # The layers are resolved once, and again only when the model's modules or their
-        # requires_grad change.
         selection = getattr(self, "_advcal_selection", None)
         if selection is None or selection.model is not unwrapped[1] or not selection.current():
             selection = LayerSelection(unwrapped[1], _default_layers(unwrapped[1])
                                    if settings.layers is None else settings.layers)
             self._advcal_selection = selection
-        capture = GradientCapture(unwrapped[1], selection,
-                                  sketch_dim=settings.sketch_dim, seed=settings.seed)
+        return GradientCapture(unwrapped[1], selection, sketch_dim=settings.sketch_dim,
+                               seed=settings.seed)
+
+    def _setgrpo_at_generation(self, output: dict[str, Any]) -> torch.Tensor:
+        """SetGRPO's coefficients of a rank's generation batch, from a Gram pass of its own:
+        a grad-enabled forward of the policy (unwrapped: no data-parallel hooks), in chunks
+        of at most ``per_device_train_batch_size`` responses, whole groups where each rank
+        holds whole groups (their K directly), otherwise each chunk's gradient rows,
+        gathered over the ranks."""
+        import torch
+
+        model = self.model  # type: ignore[attr-defined]
+        net = self.accelerator.unwrap_model(model)  # type: ignore[attr-defined]
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        keep = output["completion_ids"].size(1)
+        n = ids.shape[0]
+        step = self.args.per_device_train_batch_size  # type: ignore[attr-defined]
+        g = self.num_generations  # type: ignore[attr-defined]
+        if not self._advcal_split:
+            step = max(g, step - step % g)  # whole groups per forward
+
+        def chunk(a: int) -> tuple[Any, torch.Tensor]:
+            inputs: dict[str, Any] = {key: output[key][a:a + step]
+                                      for key in ("completion_mask", "tool_mask")
+                                      if key in output}
+            inputs["num_items_in_batch"] = output.get("num_items_in_batch")
+            with self._advcal_capture_of(model) as capture, torch.enable_grad():
+                logps = self._get_per_token_logps_and_entropies(
+                    net, ids[a:a + step], attention[a:a + step], keep)[0]
+            return capture, self._setgrpo_objectives(logps, inputs)
+
+        if self._advcal_split:
+            parts = []
+            for a in range(0, n, step):
+                capture, objectives = chunk(a)
+                parts.append(capture.rows(objectives, start=head_start(objectives)))
+                del capture, objectives
+            coefficients = self._setgrpo_from_rows(torch.cat(parts), output)
+        else:
+            blocks = []
+            for a in range(0, n, step):
+                capture, objectives = chunk(a)
+                blocks.append(capture.gram(objectives, group_size=g,
+                                           start=head_start(objectives)).reshape(-1))
+                del capture, objectives
+            # rows in generation order: groups contiguous and in order, as the layout's
+            coefficients = self._setgrpo_step(
+                output["advcal_group"].cpu().numpy(),
+                np.asarray(output["advcal_rewards"].detach().cpu().numpy(), dtype=np.float64),
+                lambda layout: np.concatenate(blocks))
+        return torch.as_tensor(coefficients, device=output["advantages"].device)
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+        if self._advcal.mode != "setgrpo" or not model.training or self._advcal_at_generation:
+            return super()._compute_loss(model, inputs)  # type: ignore[misc]
+        capture = self._advcal_capture_of(model)
         with capture:
             self._advcal_capture = capture
             self._advcal_inputs = inputs
@@ -451,55 +519,76 @@ class AdvcalGRPOMixin:
             inputs["advantages"] = self._setgrpo_coefficients(capture, inputs, out[0])
         return out
 
-    def _setgrpo_coefficients(self, capture: Any, inputs: dict[str, Any],
-                              per_token_logps: torch.Tensor) -> torch.Tensor:
-        import torch
-
+    def _setgrpo_objectives(self, per_token_logps: torch.Tensor, inputs: dict[str, Any]
+                            ) -> torch.Tensor:
+        """J_i of the batch ``inputs``, normalised as TRL's loss normalises them."""
         from advcal.torch import response_objectives
 
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
         loss_type = self.loss_type  # type: ignore[attr-defined]
-        objectives = response_objectives(
+        return response_objectives(
             per_token_logps, mask,
             loss_type=loss_type if loss_type in ("grpo", "dr_grpo", "bnpo", "dapo") else "grpo",
             max_completion_length=self.max_completion_length,  # type: ignore[attr-defined]
             num_items_in_batch=inputs.get("num_items_in_batch"),
             num_processes=self.accelerator.num_processes,  # type: ignore[attr-defined]
         )
-        groups = inputs["advcal_group"].cpu().numpy()
-        rewards = np.asarray(inputs["advcal_rewards"].detach().cpu().numpy(), dtype=np.float64)
+
+    def _setgrpo_coefficients(self, capture: Any, inputs: dict[str, Any],
+                              per_token_logps: torch.Tensor) -> torch.Tensor:
+        """SetGRPO's coefficients of the loss's batch, with K from the loss's own forward
+        pass (each rank's rows gathered where groups span ranks)."""
+        import torch
+
+        objectives = self._setgrpo_objectives(per_token_logps, inputs)
         # The backward starts below TRL's fused LM head where that gives the same K.
         start = head_start(objectives)
-        mine = None
-        if getattr(self, "_advcal_split", False):
-            # groups span ranks: every rank's gradient rows and their responses, gathered,
-            # then the step of the whole generation batch on every rank
-            from advcal.torch import gather_rows, gram_from_rows
+        if self._advcal_split:
+            coefficients = self._setgrpo_from_rows(capture.rows(objectives, start=start),
+                                                   inputs)
+        else:
+            coefficients = self._setgrpo_step(
+                inputs["advcal_group"].cpu().numpy(),
+                np.asarray(inputs["advcal_rewards"].detach().cpu().numpy(), dtype=np.float64),
+                lambda layout: capture.gram(objectives, group_ids=layout, start=start))
+        return torch.as_tensor(coefficients, dtype=per_token_logps.dtype,
+                               device=per_token_logps.device)
 
-            rows = gather_rows(capture.rows(objectives, start=start))
-            index = inputs["advcal_index"].to(torch.float64)
-            meta = torch.stack([index, inputs["advcal_group"].to(torch.float64),
-                                inputs["advcal_rewards"].to(torch.float64)], dim=1)
-            meta = gather_rows(meta.to(rows.device)).cpu().numpy()
-            every = np.argsort(meta[:, 0], kind="stable")
-            rows = rows[torch.as_tensor(every, device=rows.device)]
-            groups = meta[every, 1].astype(np.int64)
-            rewards = meta[every, 2]
-            mine = np.searchsorted(meta[every, 0], inputs["advcal_index"].cpu().numpy())
+    def _setgrpo_from_rows(self, rows: torch.Tensor, inputs: dict[str, Any]) -> np.ndarray:
+        """SetGRPO's coefficients of this rank's responses from their gradient rows: every
+        rank's rows and responses gathered, the step run on the whole generation batch."""
+        import torch
+
+        from advcal.torch import gather_rows, gram_from_rows
+
+        index = inputs["advcal_index"]
+        meta = torch.stack([index.to(torch.float64), inputs["advcal_group"].to(torch.float64),
+                            inputs["advcal_rewards"].to(torch.float64)], dim=1)
+        if self.accelerator.num_processes > 1:  # type: ignore[attr-defined]
+            rows = gather_rows(rows)
+            meta = gather_rows(meta.to(rows.device))
+        table = meta.cpu().numpy()
+        every = np.argsort(table[:, 0], kind="stable")
+        rows = rows[torch.as_tensor(every, device=rows.device)]
+        coefficients = self._setgrpo_step(
+            table[every, 1].astype(np.int64), table[every, 2],
+            lambda layout: gram_from_rows(rows, group_ids=layout))
+        return coefficients[np.searchsorted(table[every, 0], index.cpu().numpy())]
+
+    def _setgrpo_step(self, groups: np.ndarray, rewards: np.ndarray,
+                      gram_of: Any) -> np.ndarray:
+        """SetGRPO on responses with group numbers ``groups`` and combined ``rewards`` (NaN:
+        unscorable), K from ``gram_of(layout)``; the coefficients in the responses' order,
+        and the step's metrics logged."""
         # TRL shuffles the batch before the loss: one stable sort groups the rows (by group
         # number, rows in batch order), and the Gram blocks come in that layout.
         order = np.argsort(groups, kind="stable")
         ordered = groups[order]
         bounds = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1,
                                  [groups.size]))
-        layout = GroupIndex(bounds, order, ordered[bounds[:-1]])
-        if mine is None:
-            gram = capture.gram(objectives, group_ids=layout, start=start)
-        else:
-            gram = gram_from_rows(rows, group_ids=layout)
-            del rows
+        gram = gram_of(GroupIndex(bounds, order, ordered[bounds[:-1]]))
         sizes = np.diff(bounds)
         if not np.isnan(rewards).any():
             keep, offsets, kept_sizes, blocks = order, bounds, sizes, [gram]
@@ -553,10 +642,7 @@ class AdvcalGRPOMixin:
             "coef_norm_ratio": float(np.mean(recovered[ratio_at] / norms[ratio_at]))
             if ratio_at.any() else math.nan,
         })
-        if mine is not None:
-            coefficients = coefficients[mine]
-        return torch.as_tensor(coefficients, dtype=per_token_logps.dtype,
-                               device=per_token_logps.device)
+        return coefficients
 
 
 def __getattr__(name: str) -> Any:
