@@ -44,6 +44,7 @@ G = 16
 SETGRPO_SIZES = {False: (8, 4, 32), True: (4, 2, 6)}  # (group size, groups, completion length)
 # The full-size model: hidden 128, 4 blocks (the sizes at which SetGRPO's step is judged).
 SETGRPO_WIDTH = {False: (128, 4), True: (16, 2)}  # (hidden size, layers)
+GENERATION = "grpo: generation and scoring"
 ADVANTAGE_TARGET = "advcal step <= 0.5x TRL's own + the host round trip"
 SETGRPO_TARGET = "setgrpo's step <= 1.25x grpo's step under TRL's defaults (paper: +25.6%)"
 START = "unscorable_mask = torch.isnan(rewards_per_func)"
@@ -252,6 +253,15 @@ def _setgrpo_case(quick: bool) -> Case:
         candidates[f"{name}: loss forward"] = loss(name, False)
         candidates[f"{name}: forward + backward"] = loss(name, True)
     base = "grpo: forward + backward"
+    prompts_in = [{"prompt": text} for text in texts for _ in range(g)]
+
+    def generation() -> Any:
+        # the rest of a TRL step: sampling the completions and scoring them (grpo's; the
+        # setgrpo trainers run the same code there)
+        with torch.no_grad():
+            return runs["grpo"]._generate_and_score_completions(prompts_in)
+
+    candidates[GENERATION] = generation
 
     def notes(rounds: Rounds) -> list[str]:
         # Every candidate shares every round (apart=inf), so each round gives one
@@ -273,6 +283,14 @@ def _setgrpo_case(quick: bool) -> Case:
             lines.append(f"{name}: step {whole:.2f}x {grpo}'s (paired median); extra per "
                          f"step {step / backward:.2f}x one backward pass of {grpo}; in the "
                          f"loss forward alone {forward / backward:.2f}x")
+        gen = np.median(times[GENERATION])
+        for name in runs:
+            if not name.startswith("grpo"):
+                grpo = "grpo, LoRA" if name.endswith("LoRA") else "grpo"
+                ratio = (gen + np.median(times[f"{name}: forward + backward"])) / (
+                    gen + np.median(times[f"{grpo}: forward + backward"]))
+                lines.append(f"{name}: whole step (generation and scoring + loss forward + "
+                             f"backward) {ratio:.2f}x {grpo}'s (medians)")
         return lines + [f"one backward pass = grpo forward + backward - grpo loss forward; "
                         f"each a median of {times[base].size} paired-round differences"]
 

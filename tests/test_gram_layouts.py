@@ -31,18 +31,11 @@ from tests.test_gram import (  # noqa: E402
     make_batch,
     make_model,
     objectives_of,
+    one_thread,  # noqa: F401 (autouse: torch's pool on one thread)
 )
 
 nn = torch.nn
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> object:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def blocks_of(full: np.ndarray, g: int) -> np.ndarray:
