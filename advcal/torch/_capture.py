@@ -451,7 +451,6 @@ class GradientCapture:
         self._silent = silent
         lookups = [call for calls in self._looked_up for call in calls
                    if id(call.node) in reach]
-        del reach, keep
         for call in flat:
             # only the inputs are read: an output edited in place (a residual added into
             # it) still hands its layer's node the gradient of the layer's own output
@@ -475,7 +474,8 @@ class GradientCapture:
         params = self.parameters()
         acc = torch.float64 if torch.float64 in {p.dtype for p in params} else torch.float32
         device = params[0].device
-        targets = self._targets(root, calls)
+        targets = self._targets(root, calls, (reach, keep))
+        del reach, keep
         units, unit_calls = self._units(calls)
         names = [unit.name for unit in units]
         blocks = sink(acc, device)
@@ -527,19 +527,22 @@ class GradientCapture:
     def _call_name(self, call: _Call) -> str:
         return self._embeddings[call.owner][0] if call.lookup else self._layers[call.owner].name
 
-    def _targets(self, root: Any, calls: list[_Call]) -> list[Any]:
+    def _targets(self, root: Any, calls: list[_Call],
+                 reached: tuple[dict[int, bool], list[Any]]) -> list[Any]:
         """The tensors gram()'s backward differentiates to: as few and as cheap as possible,
         such that autograd runs the node of every covered output that the root reaches
         (it runs exactly the nodes with a path to a requested tensor).  The input of the
         first covered layer (below every later layer in a sequential model) usually does
         it alone; a layer on a branch that does not reach it adds its own input, or its
         smallest trainable parameter (the bias where it has one) when its input needs no
-        gradient.  Raises ValueError for an output modified in place (its node bypassed)."""
+        gradient.  ``reached`` is ``_reaches(root.grad_fn, set(), set())``, computed once by
+        the caller.  A view output that an in-place edit bypassed takes its base's node
+        (ValueError where the base is not one node)."""
         torch = _torch()
         root_fn = root.grad_fn
         if root_fn is None:
             return [root] if root.requires_grad else []
-        reach, keep = _reaches(root_fn, set(), set())  # keep: ids stay valid while it lives
+        reach, keep = reached  # _reaches(root_fn, set(), set()); keep: ids stay valid
         reachable = set(reach)
         for call in calls:
             if id(call.node) not in reachable and call.view:
