@@ -34,7 +34,7 @@ from advcal.sets import CoefficientSets, SetCalibration, coefficient_sets
 
 __all__ = ["ThresholdSelection", "select_threshold", "setgrpo"]
 
-PROCEDURES = ("bonferroni", "fixed-sequence")
+PROCEDURES = ("bonferroni", "holm", "fixed-sequence")
 
 
 class ThresholdSelection(NamedTuple):
@@ -60,10 +60,12 @@ class ThresholdSelection(NamedTuple):
         Cumulative recovery Σ_q η*_q(τ) over the calibration groups.
     feasible : ndarray of bool, shape (T,)
         Certified risk-feasible by the procedure: p-value ≤ ``level`` (equivalently
-        UCB ≤ β), and for fixed-sequence every threshold between the start of the
-        sequence and this one certified too.
+        UCB ≤ β) for Bonferroni; for Holm, the j-th smallest p-value ≤ δ/(T − j + 1) for
+        it and every smaller one; for fixed-sequence, p-value ≤ ``level`` for every
+        threshold between the start of the sequence and this one.
     level : float
-        Per-threshold error level: δ/T (Bonferroni) or δ (fixed sequence).
+        Per-threshold error level of the ``ucb`` column: δ/T (Bonferroni, and Holm's
+        first step) or δ (fixed sequence).
     """
 
     tau_sel: float | None
@@ -209,6 +211,16 @@ def _feasible(n_acc: np.ndarray, p_values: np.ndarray, beta: float, level: float
     certified = p_values <= level
     if procedure == "bonferroni":
         return certified
+    if procedure == "holm":
+        # Step-down: the j-th smallest p-value (j = 1..T) is tested at δ/(T − j + 1), from
+        # the smallest, stopping at the first not rejected (level is δ/T here).
+        t = p_values.size
+        order = np.argsort(p_values, kind="stable")
+        passed = p_values[order] <= level * t / (t - np.arange(t))
+        count = t if passed.all() else int(np.argmin(passed))
+        feasible = np.zeros(t, dtype=bool)
+        feasible[order[:count]] = True
+        return feasible
     # Fixed sequence: walk looser from the start, stopping at the first not certified.
     start = _sequence_start(n_acc, beta, level, bound)
     walk = certified[start:]
@@ -223,7 +235,7 @@ def _selection(taus: np.ndarray, n_acc: np.ndarray, k_rev: np.ndarray, recovery:
     """The SRGO table and decision from the counts (taus strict → loose)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         risk = np.where(n_acc > 0, k_rev / np.maximum(n_acc, 1), np.nan)
-    level = delta / taus.size if procedure == "bonferroni" else delta
+    level = delta if procedure == "fixed-sequence" else delta / taus.size
     bounds = np.asarray(ucb(k_rev, n_acc, level, bound=bound), dtype=np.float64).reshape(-1)
     p_values = np.asarray(risk_p_value(k_rev, n_acc, beta, bound=bound),
                           dtype=np.float64).reshape(-1)
@@ -273,14 +285,17 @@ def select_threshold(
         Error level of the simultaneous guarantee, in (0, 1).
     bound : {"clopper-pearson", "hoeffding", "bentkus", "hoeffding-bentkus"}
         Binomial upper confidence bound (:func:`advcal.ucb`).
-    procedure : {"bonferroni", "fixed-sequence"}, default "bonferroni"
+    procedure : {"bonferroni", "holm", "fixed-sequence"}, default "bonferroni"
         ``"bonferroni"``: each threshold certified at δ/T (valid whatever the shape of the
-        risk curve).  ``"fixed-sequence"``: Learn-then-Test at full δ, starting at the
-        strictest threshold whose acceptance count would certify a risk of β/2 with
-        probability at least 1 − δ, walking toward looser ones and stopping at the
-        first not certified.  The start depends only on the acceptance counts, which
-        never look at the reference scoring, so the guarantee is that of a sequence
-        fixed in advance (see the SetGRPO docs page for the proof).
+        risk curve).  ``"holm"``: Holm's step-down over the same p-values, the j-th
+        smallest at δ/(T − j + 1); it certifies every threshold Bonferroni certifies and
+        possibly more, under the same guarantee (family-wise error ≤ δ whatever the
+        dependence and the shape of the curve).  ``"fixed-sequence"``: Learn-then-Test at
+        full δ, starting at the strictest threshold whose acceptance count would certify a
+        risk of β/2 with probability at least 1 − δ, walking toward looser ones and
+        stopping at the first not certified.  The start depends only on the acceptance
+        counts, which never look at the reference scoring, so the guarantee is that of a
+        sequence fixed in advance (see the SetGRPO docs page for the proof).
     reward_condition, recovery, discard, seed
         The SetGRPO ablations, as in :func:`advcal.recover`, applied at every threshold
         (``"matched-random"`` draws one random order of the groups, so the kept sets are

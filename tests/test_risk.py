@@ -21,7 +21,7 @@ from advcal import (
     setgrpo,
     ucb,
 )
-from advcal.risk import _certifiable_reversals, _selection, _sequence_start
+from advcal.risk import _certifiable_reversals, _feasible, _selection, _sequence_start
 from advcal.simulate import grade, gram_matrices, paired_scorings
 
 GRID = np.array([0.5, 0.4, 0.3, 0.2, 0.1, 0.0])
@@ -180,7 +180,22 @@ def true_risk() -> tuple[np.ndarray, np.ndarray]:
     return table.risk, se
 
 
-@pytest.mark.parametrize("procedure", ["bonferroni", "fixed-sequence"])
+def test_holm_steps_down_by_hand() -> None:
+    # T = 4, δ = 0.1: the sorted p-values 0.001, 0.02, 0.04, 0.5 meet the levels 0.025,
+    # 0.0333, 0.05, 0.1 until the last; Bonferroni (0.025 for all) stops before 0.04.
+    p = np.array([0.04, 0.001, 0.5, 0.02])
+    n = np.full(4, 100)
+    holm = _feasible(n, p, 0.2, 0.1 / 4, "clopper-pearson", "holm")
+    bonferroni = _feasible(n, p, 0.2, 0.1 / 4, "clopper-pearson", "bonferroni")
+    assert holm.tolist() == [True, True, False, True]
+    assert bonferroni.tolist() == [False, True, False, True]
+    # a step that fails stops the walk, even where a later p-value would meet its level
+    # (0.04 misses 0.0333, though 0.045 and 0.06 would meet 0.05 and 0.1)
+    assert _feasible(n, np.array([0.04, 0.001, 0.045, 0.06]), 0.2, 0.1 / 4,
+                     "clopper-pearson", "holm").tolist() == [False, True, False, False]
+
+
+@pytest.mark.parametrize("procedure", ["bonferroni", "holm", "fixed-sequence"])
 def test_selected_threshold_controls_conditional_risk(procedure: str) -> None:
     # Repeated independent calibrations: the risk on fresh groups at τ_sel exceeds β in
     # at most a δ fraction of them (binomial tolerance).  The pool's risk curve rises from
@@ -220,7 +235,7 @@ def test_bad_input_messages() -> None:
     with pytest.raises(ValueError, match=r"`reference` must have shape \(10, 8\)"):
         select_threshold(sets, gram, reference[:5], **kw)
     with pytest.raises(ValueError, match="`procedure` must be one of"):
-        select_threshold(sets, gram, reference, **kw, procedure="holm")
+        select_threshold(sets, gram, reference, **kw, procedure="sidak")
     with pytest.raises(ValueError, match="`bound` must be one of"):
         select_threshold(sets, gram, reference, **kw, bound="wilson")
 
@@ -263,10 +278,10 @@ def curve_study(m: int, reps: int, seed: int, beta: float, delta: float) -> dict
     """
     n_acc, k_rev = curve_tables(m, reps, seed)
     oracle = int(np.flatnonzero(CURVE_RISK <= beta)[-1])  # loosest tau with risk <= beta
-    chosen: dict[str, list[int]] = {"bonferroni": [], "fixed-sequence": [],
+    chosen: dict[str, list[int]] = {"bonferroni": [], "holm": [], "fixed-sequence": [],
                                     "first-non-vacuous": []}
     for n, k in zip(n_acc, k_rev, strict=True):
-        for procedure in ("bonferroni", "fixed-sequence"):
+        for procedure in ("bonferroni", "holm", "fixed-sequence"):
             # Recovery grows as tau loosens: take the accepted count.
             sel = _selection(CURVE_TAU, n, k, n.astype(float), beta, delta,
                              "clopper-pearson", procedure)
@@ -298,8 +313,10 @@ STUDIES = [(3000, 0.2), (3000, 0.235), (20000, 0.2)]
 @pytest.mark.parametrize(("m", "beta"), STUDIES)
 def test_both_procedures_control_risk_on_a_known_curve(m: int, beta: float) -> None:
     study = curve_study(m, 300, m + int(1000 * beta), beta, 0.1)
-    for procedure in ("bonferroni", "fixed-sequence"):
+    for procedure in ("bonferroni", "holm", "fixed-sequence"):
         assert study[procedure]["violations"] <= _violation_limit(300, 0.1)
+    # Holm certifies wherever Bonferroni does (its feasible set contains Bonferroni's)
+    assert study["holm"]["certified"] >= study["bonferroni"]["certified"]
 
 
 def test_fixed_sequence_finds_the_oracle_threshold_at_m_20000() -> None:
