@@ -85,16 +85,17 @@ def _setup(quick: bool, sizes: tuple[int, ...] | None = None, checkpointing: boo
     lengths = torch.randint(t // 2, t + 1, (n,))
     mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
 
-    def objectives(net: Any = model, rows: Any = None, batch: int = n) -> Any:
-        """J of every response, or of ``rows`` only, normalised as in a batch of ``batch``."""
+    def objectives(net: Any = model, rows: Any = None) -> Any:
+        """response_objectives' "grpo" J of every response, or of ``rows`` only (the
+        per-sample peers' single rows), normalised as in the whole batch."""
         tokens = ids if rows is None else ids[rows]
         weights = mask if rows is None else mask[rows]
         logits = net(tokens[:, :-1])
         logps = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
-        return (logps * weights).sum(dim=1) / (weights.sum(dim=1).clamp(min=1) * batch)
+        if rows is None:
+            return response_objectives(logps, weights)
+        return (logps * weights).sum(dim=1) / (weights.sum(dim=1).clamp(min=1) * n)
 
-    check = response_objectives(torch.zeros(2, 3), torch.ones(2, 3))  # the same rule
-    assert check.shape == (2,)
     return model, torch.randn(n), objectives, g
 
 
@@ -145,7 +146,7 @@ def _candidates(quick: bool) -> tuple[dict[str, Callable[[], object]], Any]:
 
         def one(params: dict[str, Any], row: Any) -> Any:
             net = lambda tokens: functional_call(model, {**fixed, **params}, (tokens,))  # noqa: E731
-            return objectives(net, row[None], n)[0]
+            return objectives(net, row[None])[0]
 
         per = vmap(grad(one), in_dims=(None, 0))(wanted, torch.arange(n))
         return blocks_of(torch.cat([per[names[id(p)]].reshape(n, -1) for p in covered], 1))
@@ -159,15 +160,16 @@ def _candidates(quick: bool) -> tuple[dict[str, Callable[[], object]], Any]:
         BRUTE: two_passes,
     }
     if importlib.util.find_spec("opacus") is not None:
-        candidates["Opacus per-sample grads + G G^T"] = _opacus_peer(model, adv, objectives,
+        candidates["Opacus per-sample grads + G G^T"] = _opacus_peer(model, objectives,
                                                                    covered, blocks_of)
     return candidates, (model, adv, objectives, g)
 
 
-def _opacus_peer(model: Any, adv: Any, objectives: Callable[..., Any], covered: list[Any],
+def _opacus_peer(model: Any, objectives: Callable[..., Any], covered: list[Any],
                  blocks_of: Callable[[Any], Any]) -> Callable[[], object]:
     import copy
 
+    import torch
     from opacus import GradSampleModule
 
     # Opacus hooks a copy (it wraps the module); only the covered parameters train
@@ -184,16 +186,10 @@ def _opacus_peer(model: Any, adv: Any, objectives: Callable[..., Any], covered: 
         for p in params:
             p.grad_sample = None
         objectives(sampled).sum().backward()
-        return blocks_of(torch_cat([p.grad_sample.reshape(p.grad_sample.shape[0], -1)
-                                    for p in params]))
+        return blocks_of(torch.cat([p.grad_sample.reshape(p.grad_sample.shape[0], -1)
+                                    for p in params], dim=1))
 
     return run
-
-
-def torch_cat(parts: list[Any]) -> Any:
-    import torch
-
-    return torch.cat(parts, dim=1)
 
 
 def _checkpointed(quick: bool) -> dict[str, Callable[[], object]]:
