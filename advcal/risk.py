@@ -34,7 +34,7 @@ from advcal.sets import CoefficientSets, SetCalibration, coefficient_sets
 
 __all__ = ["ThresholdSelection", "select_threshold", "setgrpo"]
 
-PROCEDURES = ("bonferroni", "holm", "fixed-sequence")
+PROCEDURES = ("bonferroni", "holm", "fixed-sequence", "hybrid")
 
 
 class ThresholdSelection(NamedTuple):
@@ -65,7 +65,7 @@ class ThresholdSelection(NamedTuple):
         threshold between the start of the sequence and this one.
     level : float
         Per-threshold error level of the ``ucb`` column: δ/T (Bonferroni, and Holm's
-        first step) or δ (fixed sequence).
+        first step), δ (fixed sequence) or δ/(2T) (hybrid: its Holm half's first step).
     """
 
     tau_sel: float | None
@@ -211,6 +211,12 @@ def _feasible(n_acc: np.ndarray, p_values: np.ndarray, beta: float, level: float
     certified = p_values <= level
     if procedure == "bonferroni":
         return certified
+    if procedure == "hybrid":
+        # Half of δ to each (level is δ/(2T) here): the fixed sequence at δ/2, Holm at δ/2;
+        # a threshold either certifies is certified (the union bound adds their errors).
+        t = p_values.size
+        return (_feasible(n_acc, p_values, beta, level * t, bound, "fixed-sequence")
+                | _feasible(n_acc, p_values, beta, level, bound, "holm"))
     if procedure == "holm":
         # Step-down: the j-th smallest p-value (j = 1..T) is tested at δ/(T − j + 1), from
         # the smallest, stopping at the first not rejected (level is δ/T here).
@@ -235,7 +241,8 @@ def _selection(taus: np.ndarray, n_acc: np.ndarray, k_rev: np.ndarray, recovery:
     """The SRGO table and decision from the counts (taus strict → loose)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         risk = np.where(n_acc > 0, k_rev / np.maximum(n_acc, 1), np.nan)
-    level = delta if procedure == "fixed-sequence" else delta / taus.size
+    level = {"fixed-sequence": delta, "hybrid": delta / (2 * taus.size)}.get(
+        procedure, delta / taus.size)
     bounds = np.asarray(ucb(k_rev, n_acc, level, bound=bound), dtype=np.float64).reshape(-1)
     p_values = np.asarray(risk_p_value(k_rev, n_acc, beta, bound=bound),
                           dtype=np.float64).reshape(-1)
@@ -285,7 +292,7 @@ def select_threshold(
         Error level of the simultaneous guarantee, in (0, 1).
     bound : {"clopper-pearson", "hoeffding", "bentkus", "hoeffding-bentkus"}
         Binomial upper confidence bound (:func:`advcal.ucb`).
-    procedure : {"bonferroni", "holm", "fixed-sequence"}, default "bonferroni"
+    procedure : {"bonferroni", "holm", "fixed-sequence", "hybrid"}, default "bonferroni"
         ``"bonferroni"``: each threshold certified at δ/T (valid whatever the shape of the
         risk curve).  ``"holm"``: Holm's step-down over the same p-values, the j-th
         smallest at δ/(T − j + 1); it certifies every threshold Bonferroni certifies and
@@ -295,7 +302,10 @@ def select_threshold(
         risk of β/2 with probability at least 1 − δ, walking toward looser ones and
         stopping at the first not certified.  The start depends only on the acceptance
         counts, which never look at the reference scoring, so the guarantee is that of a
-        sequence fixed in advance (see the SetGRPO docs page for the proof).
+        sequence fixed in advance (see the SetGRPO docs page for the proof and what it
+        assumes).  ``"hybrid"``: the thresholds certified by the fixed sequence at δ/2 or
+        by Holm at δ/2; near the better of the two on monotone and non-monotone risk
+        curves alike, with the fixed sequence's assumption for its half.
     reward_condition, recovery, discard, seed
         The SetGRPO ablations, as in :func:`advcal.recover`, applied at every threshold
         (``"matched-random"`` draws one random order of the groups, so the kept sets are

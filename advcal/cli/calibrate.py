@@ -625,7 +625,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     thr.add_argument("--bound", default="clopper-pearson",
                      choices=("clopper-pearson", "hoeffding", "bentkus", "hoeffding-bentkus"),
                      help="binomial upper confidence bound (default: clopper-pearson)")
-    thr.add_argument("--procedure", choices=("bonferroni", "holm", "fixed-sequence"),
+    thr.add_argument("--procedure", choices=("bonferroni", "holm", "fixed-sequence", "hybrid"),
                      default="bonferroni", help="multiple testing (default: bonferroni)")
     _max_bytes_option(thr)
     _set_options(thr)
