@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from advcal.torch import (  # noqa: E402
     GradientCapture,
+    gather_rows,
     gram_from_rows,
     tokens_from_cu_seqlens,
     tokens_from_position_ids,
@@ -112,6 +113,30 @@ def test_an_output_edited_in_place_keeps_its_layers_gradient() -> None:
         objectives = objectives_of(model, batch)
     close(capture.gram(objectives, group_size=3),
           blocks_of(brute_force(model, batch, capture.parameters()), 3))
+
+
+def test_an_edited_slice_of_a_layers_product_is_refused() -> None:
+    # The layer returns every other column of its product, then the caller edits it in
+    # place: δ arrives at the whole product, which is not the output's shape.
+    class Strided(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x)[..., ::2]
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = Strided(3, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.fc(x)
+            h.mul_(2.0)
+            return h.sum(dim=(1, 2))
+
+    model = Model().double()
+    with GradientCapture(model) as capture:
+        objectives = model(torch.randn(4, 5, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="'fc'.*modified in place.*not the whole product"):
+        capture.gram(objectives, group_size=2)
 
 
 def test_flattened_rows_of_a_sequence_first_model_are_refused() -> None:
@@ -261,6 +286,10 @@ def test_a_token_map_that_does_not_fit_is_named() -> None:
         objectives = packed_objectives(model, ids, lengths, owner)
     with pytest.raises(ValueError, match=r"tokens.*\[0, 4\)"):
         capture.gram(objectives, group_size=2, tokens=np.full(ids.numel(), 4))
+    with GradientCapture(model) as capture:
+        objectives = packed_objectives(model, ids, lengths, owner)
+    with pytest.raises(ValueError, match="`tokens` must map at least one token"):
+        capture.gram(objectives, group_size=2, tokens=np.zeros(0, np.int64))
 
 
 # --------------------------------------------------------------------------- split groups
@@ -330,6 +359,20 @@ def test_rows_refuse_a_layer_that_did_not_run_and_bad_rows() -> None:
         gram_from_rows(torch.tensor([[1.0], [float("nan")]]), group_size=2)
     with pytest.raises(ValueError, match="exactly one"):
         gram_from_rows(torch.ones(2, 2))
+    with pytest.raises(ValueError, match="non-empty 2-D floating"):
+        gram_from_rows(torch.ones(4, dtype=torch.int64), group_size=2)
+    with pytest.raises(ValueError, match="`output` must be"):
+        gram_from_rows(torch.ones(2, 2), group_size=2, output="list")
+
+
+def test_gather_rows_needs_a_process_group_and_a_tensor() -> None:
+    with pytest.raises(TypeError, match="`rows` must be a torch.Tensor"):
+        gather_rows(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="`rows` must be a 2-D tensor"):
+        gather_rows(torch.ones(3))
+    assert not torch.distributed.is_initialized()
+    with pytest.raises(ValueError, match="initialised torch.distributed process group"):
+        gather_rows(torch.ones(2, 3))
 
 
 RANKS = textwrap.dedent("""

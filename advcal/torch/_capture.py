@@ -41,7 +41,6 @@ from advcal.torch._packing import _Packing
 from advcal.torch._stream import (
     _Call,
     _checkpoint_frame,
-    _modified_output,
     _reaches,
     _shorten,
     _Stream,
@@ -536,8 +535,8 @@ class GradientCapture:
         it alone; a layer on a branch that does not reach it adds its own input, or its
         smallest trainable parameter (the bias where it has one) when its input needs no
         gradient.  ``reached`` is ``_reaches(root.grad_fn, set(), set())``, computed once by
-        the caller.  A view output that an in-place edit bypassed takes its base's node
-        (ValueError where the base is not one node)."""
+        the caller.  A view output that an in-place edit bypassed takes the node of its base
+        (down its chain of views), where δ then arrives."""
         torch = _torch()
         root_fn = root.grad_fn
         if root_fn is None:
@@ -549,12 +548,19 @@ class GradientCapture:
                 # an in-place edit of a view output (a linear layer's 3-D output is a view
                 # of its 2-D product) rebased its history past its node: δ arrives at the
                 # view's base instead, and is read in the output's shape (see deliver)
-                bases = [(child, nr) for child, nr in call.node.next_functions
-                         if child is not None and id(child) in reachable]
-                if len(bases) > 1:
-                    raise _modified_output(self._call_name(call), call.lookup)
-                if bases:
-                    call.node, call.output_nr = bases[0]
+                # (down a chain of views to the first node the root still reaches)
+                node, base = call.node, None
+                for _ in range(8):
+                    children = [(child, nr) for child, nr in node.next_functions
+                                if child is not None]
+                    if len(children) != 1:
+                        break
+                    if id(children[0][0]) in reachable:
+                        base = children[0]
+                        break
+                    node = children[0][0]
+                if base is not None:
+                    call.node, call.output_nr = base
                     call.rebased = True
         live = sorted((call for call in calls if id(call.node) in reachable),
                       key=lambda call: call.order)

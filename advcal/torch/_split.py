@@ -99,7 +99,9 @@ def gather_rows(rows: Any, *, group: Any = None) -> Any:
     """
     torch = _torch()
     dist = torch.distributed
-    if not torch.is_tensor(rows) or rows.ndim != 2:
+    if not torch.is_tensor(rows):
+        raise TypeError(f"`rows` must be a torch.Tensor; got {type(rows).__name__}.")
+    if rows.ndim != 2:
         raise ValueError("`rows` must be a 2-D tensor (N, F) of this rank's rows.")
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("gather_rows needs an initialised torch.distributed process group.")

@@ -121,13 +121,10 @@ def _shorten(names: list[str], most: int = 8) -> str:
     return f"{names[:most]} and {len(names) - most} more"
 
 
-def _modified_output(name: str, lookup: bool) -> ValueError:
-    if lookup:
-        return ValueError(f"embedding {name!r}: its output was modified in place after it "
-                          "ran, so the recorded values are not those the gradient flowed "
-                          "through.")
+def _modified_output(name: str) -> ValueError:
     return ValueError(f"layer {name!r}: its output was modified in place after the layer "
-                      "ran, so the recorded values are not those the gradient flowed through.")
+                      "ran, and its output is not the whole product of its weight, so the "
+                      "gradient at the layer cannot be read.")
 
 
 def _reaches(root: Any, targets: set[int], leaves: set[int]) -> tuple[dict[int, bool],
@@ -246,9 +243,10 @@ class _Stream:
 
     def arrive(self, call: _Call, delta: Any) -> None:
         if call.rebased and tuple(delta.shape) != call.shape:
-            # the base of the output's view: the same numbers, unless the view took part
+            # the base of the output's view: the same numbers, unless the view took only part
+            # of it (a layer returning a slice of its product)
             if delta.numel() != int(np.prod(call.shape)):
-                raise _modified_output(self.capture._call_name(call), call.lookup)
+                raise _modified_output(self.capture._call_name(call))
             delta = delta.reshape(call.shape)
         self.seen.add(call.pos)
         self.arrived += 1
