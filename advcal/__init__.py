@@ -47,6 +47,7 @@ from advcal.recovery import Recovery, recover
 from advcal.registry import ESTIMATORS, advantages
 from advcal.resolution import MaxNormResult, ResolvedRewards, maxnorm, resolve_rewards
 from advcal.risk import ThresholdSelection, select_threshold, setgrpo
+from advcal.selective import SelectiveCalibration, calibrate_selective
 from advcal.sets import (
     CoefficientSets,
     SetCalibration,
@@ -70,6 +71,7 @@ __all__ = [
     "MethodDiagnostics",
     "ResolvedRewards",
     "ScaleDiagnostics",
+    "SelectiveCalibration",
     "SetCalibration",
     "ThresholdSelection",
     "TrainingSummary",
@@ -78,6 +80,7 @@ __all__ = [
     "advantages",
     "batch_std",
     "calibrate_ranges",
+    "calibrate_selective",
     "calibrate_sets",
     "calibration_drift",
     "coefficient_jacobian",

@@ -226,3 +226,17 @@ def coefficients_at(sets: CoefficientSets, raw: RawRecovery, column: int) -> np.
     out = raw.anchors + eta_flat * (centers - raw.anchors)
     # η* = 1 writes back c exactly (the rounding of a₀ + (c − a₀) would not).
     return np.where(keep, np.where(eta_flat == 1.0, centers, out), 0.0)
+
+
+def thresholds_checked(thresholds: Any) -> np.ndarray:
+    """A threshold grid in [0, 1), distinct, as float64 sorted strict → loose."""
+    taus = as_float_array(thresholds, "thresholds")
+    if taus.ndim != 1 or taus.size == 0:
+        raise ValueError(f"`thresholds` must be a non-empty 1-D array; got shape {taus.shape}.")
+    taus = taus.astype(np.float64)
+    if not (np.isfinite(taus).all() and (taus >= 0).all() and (taus < 1).all()):
+        raise ValueError("`thresholds` must lie in [0, 1).")
+    ordered = np.sort(taus)[::-1].copy()
+    if (np.diff(ordered) == 0).any():
+        raise ValueError("`thresholds` must not contain duplicates.")
+    return ordered

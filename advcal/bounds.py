@@ -422,3 +422,19 @@ def risk_p_value(
     k_arr, n_arr, beta_arr = _counts_iv(k, n, beta, "beta", bound)
     out = p_values_checked(bound, k_arr, n_arr, beta_arr)
     return _scalar_or_array(np.asarray(out, dtype=np.float64))
+
+
+def holm_certified(p_values: np.ndarray, level: float) -> np.ndarray:
+    """Holm's step-down over a family of T p-values (a 1-D array): which nulls it rejects.
+
+    ``level`` is Bonferroni's per-test level δ/T.  The j-th smallest p-value (j = 1..T) is
+    tested at level·T/(T − j + 1), from the smallest, stopping at the first not rejected;
+    the family-wise error is at most δ whatever the dependence between the tests.
+    """
+    t = p_values.size
+    order = np.argsort(p_values, kind="stable")
+    passed = p_values[order] <= level * t / (t - np.arange(t))
+    count = t if passed.all() else int(np.argmin(passed))
+    certified = np.zeros(t, dtype=bool)
+    certified[order[:count]] = True
+    return certified

@@ -26,10 +26,12 @@ from advcal._ggsr import (
     check_sets,
     gram_blocks,
     run_recovery,
+    thresholds_checked,
 )
-from advcal._validation import BACKENDS, as_float_array, check_choice, check_real
-from advcal.bounds import BOUNDS, p_values_checked, risk_p_value, ucb
+from advcal._validation import BACKENDS, check_choice, check_real
+from advcal.bounds import BOUNDS, holm_certified, p_values_checked, risk_p_value, ucb
 from advcal.recovery import Recovery, recover, recover_checked
+from advcal.selective import SelectiveCalibration
 from advcal.sets import CoefficientSets, SetCalibration, coefficient_sets
 
 __all__ = ["ThresholdSelection", "select_threshold", "setgrpo"]
@@ -139,19 +141,6 @@ def validate_threshold_selection(sel: Any) -> None:
         raise ValueError(f"`tau_sel` must be a feasible threshold of `tau`; got {tau_sel!r}.")
 
 
-def _thresholds_iv(thresholds: Any) -> np.ndarray:
-    taus = as_float_array(thresholds, "thresholds")
-    if taus.ndim != 1 or taus.size == 0:
-        raise ValueError(f"`thresholds` must be a non-empty 1-D array; got shape {taus.shape}.")
-    taus = taus.astype(np.float64)
-    if not (np.isfinite(taus).all() and (taus >= 0).all() and (taus < 1).all()):
-        raise ValueError("`thresholds` must lie in [0, 1).")
-    ordered = np.sort(taus)[::-1].copy()
-    if (np.diff(ordered) == 0).any():
-        raise ValueError("`thresholds` must not contain duplicates.")
-    return ordered
-
-
 def _select_iv(sets: Any, gram: Any, reference: Any, thresholds: Any, beta: Any, delta: Any,
                bound: Any, procedure: Any, backend: Any) -> tuple[Any, ...]:
     # The ablation switches are validated by _ggsr.ablation_iv in select_threshold.
@@ -163,7 +152,7 @@ def _select_iv(sets: Any, gram: Any, reference: Any, thresholds: Any, beta: Any,
     check_choice(bound, "bound", BOUNDS)
     check_choice(procedure, "procedure", PROCEDURES)
     check_choice(backend, "backend", BACKENDS)
-    taus = _thresholds_iv(thresholds)
+    taus = thresholds_checked(thresholds)
     gram_flat = gram_blocks(sets, gram)
     ref = sets.batch.gather(reference, "reference")
     if not np.isfinite(ref).all():
@@ -218,15 +207,7 @@ def _feasible(n_acc: np.ndarray, p_values: np.ndarray, beta: float, level: float
         return (_feasible(n_acc, p_values, beta, level * t, bound, "fixed-sequence")
                 | _feasible(n_acc, p_values, beta, level, bound, "holm"))
     if procedure == "holm":
-        # Step-down: the j-th smallest p-value (j = 1..T) is tested at δ/(T − j + 1), from
-        # the smallest, stopping at the first not rejected (level is δ/T here).
-        t = p_values.size
-        order = np.argsort(p_values, kind="stable")
-        passed = p_values[order] <= level * t / (t - np.arange(t))
-        count = t if passed.all() else int(np.argmin(passed))
-        feasible = np.zeros(t, dtype=bool)
-        feasible[order[:count]] = True
-        return feasible
+        return holm_certified(p_values, level)
     # Fixed sequence: walk looser from the start, stopping at the first not certified.
     start = _sequence_start(n_acc, beta, level, bound)
     walk = certified[start:]
@@ -271,6 +252,7 @@ def select_threshold(
     recovery: bool = True,
     discard: str = "gate",
     seed: Any = None,
+    selective: SelectiveCalibration | None = None,
     backend: str = "numba",
 ) -> ThresholdSelection:
     """Risk-calibrate the GGSR threshold on calibration groups (SRGO).
@@ -311,6 +293,11 @@ def select_threshold(
         (``"matched-random"`` draws one random order of the groups, so the kept sets are
         nested as τ loosens; a kept group is a reversal when cᵀ K a_ref < 0).  Acceptance
         still never looks at the reference, so the guarantee holds for each ablation.
+    selective : SelectiveCalibration, optional
+        A :func:`advcal.calibrate_selective` result with ``gate="selective"``, from other
+        groups: the gate at each τ uses its radius ρ_τ (every τ must be on its grid, and
+        ``sets`` built from its marginal calibration).  Acceptance still never looks at
+        the reference, so the guarantee is unchanged.
     backend : {"numba", "numpy"}, default "numba"
         Recovery engine.
 
@@ -336,10 +323,20 @@ def select_threshold(
     sets, gram_flat, ref, taus, beta, delta = _select_iv(
         sets, gram, reference, thresholds, beta, delta, bound, procedure, backend)
     ablation = ablation_iv(reward_condition, recovery, discard, seed)
-    raw = run_recovery(sets, gram_flat, taus, ref, backend, ablation)
-    accepted = raw.accepted
-    eta = np.where(accepted, raw.eta, 0.0)
-    dot = raw.ref0[:, None] + eta * raw.ref1[:, None]
+    radii = np.full(taus.shape, sets.rho)
+    if selective is not None:
+        check_selective(selective, sets.calibration)
+        radii = np.array([selective.gate_radius(float(t)) for t in taus])
+    accepted = np.zeros((sets.n_groups, taus.size), dtype=bool)
+    eta = np.zeros(accepted.shape)
+    dot = np.zeros(accepted.shape)
+    for rho in np.unique(radii):  # one run per radius: the anchors depend on it
+        cols = np.flatnonzero(radii == rho)
+        at = sets if rho == sets.rho else sets.at_radius(float(rho))
+        raw = run_recovery(at, gram_flat, taus[cols], ref, backend, ablation)
+        accepted[:, cols] = raw.accepted
+        eta[:, cols] = np.where(raw.accepted, raw.eta, 0.0)
+        dot[:, cols] = raw.ref0[:, None] + eta[:, cols] * raw.ref1[:, None]
     reversal = accepted & (dot < 0)
     n_acc = accepted.sum(axis=0).astype(np.int64)
     k_rev = reversal.sum(axis=0).astype(np.int64)
@@ -359,6 +356,7 @@ def setgrpo(
     recovery: bool = True,
     discard: str = "gate",
     seed: Any = None,
+    selective: SelectiveCalibration | None = None,
     backend: str = "numba",
 ) -> Recovery:
     """One SetGRPO step on a training batch: JRSC sets, then GGSR at the threshold.
@@ -384,6 +382,9 @@ def setgrpo(
     reward_condition, recovery, discard, seed
         The SetGRPO ablations, as in :func:`advcal.recover` (the threshold should come
         from a ``select_threshold`` run with the same switches).
+    selective : SelectiveCalibration, optional
+        A ``gate="selective"`` result of :func:`advcal.calibrate_selective` for
+        ``calibration``: the sets take its radius at ``tau`` (which must be on its grid).
     backend : {"numba", "numpy"}, default "numba"
         Recovery engine.
 
@@ -411,6 +412,10 @@ def setgrpo(
         tau = tau.tau_sel
     sets = coefficient_sets(rewards, offsets, group_ids=group_ids, calibration=calibration,
                             noise_var=noise_var)
+    if selective is not None:
+        check_selective(selective, calibration)
+        if tau is not None:
+            sets = sets.at_radius(selective.gate_radius(tau))
     if tau is not None:
         return recover(sets, gram, tau=tau, reward_condition=reward_condition,
                        recovery=recovery, discard=discard, seed=seed, backend=backend)
@@ -421,3 +426,21 @@ def setgrpo(
     n_groups = sets.n_groups
     return rec._replace(coefficients=np.zeros_like(rec.coefficients), eta=np.zeros(n_groups),
                         accepted=np.zeros(n_groups, dtype=bool))
+
+
+def check_selective(selective: Any, calibration: SetCalibration) -> None:
+    """A selective gate built on ``calibration`` (the sets' own)."""
+    if not isinstance(selective, SelectiveCalibration):
+        raise TypeError("`selective` must be a SelectiveCalibration from calibrate_selective; "
+                        f"got {type(selective).__name__}.")
+    if selective.gate != "selective":
+        raise ValueError("`selective` has gate='marginal', which leaves the gate as it is: "
+                         "build the covering sets with CoefficientSets.at_radius instead.")
+    a, b = selective.calibration, calibration
+    same = a is b or (
+        (a.rho, a.alpha, a.noise_var, a.ridge, a.estimator, a.shape, a.noise, a.eps, a.ddof,
+         a.options) == (b.rho, b.alpha, b.noise_var, b.ridge, b.estimator, b.shape, b.noise,
+                        b.eps, b.ddof, b.options) and np.array_equal(a.scores, b.scores))
+    if not same:
+        raise ValueError("`selective` was calibrated on another SetCalibration than the "
+                         "sets': build both from the same calibrate_sets result.")

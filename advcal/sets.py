@@ -624,6 +624,17 @@ class CoefficientSets:
         out = dims * log_rho + 0.5 * self.geometry.log_pdet()
         return np.where(sizes >= 2, out, 0.0)
 
+    def at_radius(self, rho: float) -> CoefficientSets:
+        """The same centers and shapes with radius ``rho`` in place of the calibration's.
+
+        Selection-conditional radii (:func:`advcal.calibrate_selective`) give each
+        threshold its own radius; ``rho`` is a float ≥ 0 (+inf: every set is its whole
+        centered affine subspace).
+        """
+        rho = _fields.real(rho, "rho", low=0.0, allow_inf=True)
+        return CoefficientSets(float(rho), self.calibration, self.batch, self.geometry,
+                               self.dtype)
+
     def contains(self, coefficients: ArrayLike) -> np.ndarray:
         """Whether each group's coefficient vector lies in its set.
 
