@@ -5,10 +5,10 @@ and a grid of thresholds τ, a group is *accepted* at τ when its GGSR recovery 
 non-empty, and a *reversal* when accepted and a(η*)ᵀ K a_ref < 0.  Acceptance never looks
 at the reference scoring, so given which groups are accepted the reversals are
 Bernoulli(R(τ)) draws and a binomial upper confidence bound on the conditional risk
-R(τ) is valid.  :func:`select_threshold` makes the bounds simultaneously valid over the
-grid (Bonferroni, or fixed-sequence testing from the strictest threshold whose acceptance
-count would likely certify a risk of β/2) and picks the risk-feasible threshold with the
-largest cumulative recovery Σ_q η*_q(τ).
+R(τ) is valid.  :func:`select_threshold` makes the tests simultaneously valid over the
+grid (by default Holm's step-down united with a fixed sequence whose start a twentieth of
+the groups plan; or Bonferroni, Holm, the fixed sequence or the hybrid alone) and picks
+the risk-feasible threshold with the largest cumulative recovery Σ_q η*_q(τ).
 :func:`setgrpo` then runs JRSC + GGSR on a training batch at that threshold.
 """
 
@@ -36,7 +36,14 @@ from advcal.sets import CoefficientSets, SetCalibration, coefficient_sets
 
 __all__ = ["ThresholdSelection", "select_threshold", "setgrpo"]
 
-PROCEDURES = ("bonferroni", "holm", "fixed-sequence", "hybrid")
+PROCEDURES = ("learn-then-test", "bonferroni", "holm", "fixed-sequence", "hybrid")
+
+# learn-then-test: every LEARN_EVERY-th calibration group (in the given order) learns where
+# the fixed sequence starts, and the others test it at (1 − HOLM_SHARE)·δ; Holm runs at
+# HOLM_SHARE·δ on every group.  Chosen on the power study of docs/setgrpo.md: the fixed
+# sequence carries monotone curves, and a small Holm share keeps non-monotone ones.
+LEARN_EVERY = 20
+HOLM_SHARE = 0.1
 
 
 class ThresholdSelection(NamedTuple):
@@ -64,10 +71,13 @@ class ThresholdSelection(NamedTuple):
         Certified risk-feasible by the procedure: p-value ≤ ``level`` (equivalently
         UCB ≤ β) for Bonferroni; for Holm, the j-th smallest p-value ≤ δ/(T − j + 1) for
         it and every smaller one; for fixed-sequence, p-value ≤ ``level`` for every
-        threshold between the start of the sequence and this one.
+        threshold between the start of the sequence and this one; for the hybrid and
+        learn-then-test, certified by either half.
     level : float
         Per-threshold error level of the ``ucb`` column: δ/T (Bonferroni, and Holm's
-        first step), δ (fixed sequence) or δ/(2T) (hybrid: its Holm half's first step).
+        first step), δ (fixed sequence), δ/(2T) (hybrid: its Holm half's first step) or
+        δ/(10T) (learn-then-test: its Holm part's first step).  A threshold certified by a
+        later Holm step or by a fixed sequence can have ``ucb`` above β.
     """
 
     tau_sel: float | None
@@ -194,12 +204,62 @@ def _sequence_start(n_acc: np.ndarray, beta: float, level: float, bound: str) ->
     return int(possible[0]) if possible.size else n_acc.size
 
 
+class Split(NamedTuple):
+    """learn-then-test's two parts of the calibration groups: the numbers of groups that
+    learn the start and that test, the learning groups' acceptance counts, and the testing
+    groups' acceptance and reversal counts (per threshold)."""
+
+    m_learn: int
+    m_test: int
+    n_learn: np.ndarray
+    n_test: np.ndarray
+    k_test: np.ndarray
+
+
+def split_counts(accepted: np.ndarray, reversal: np.ndarray) -> Split:
+    """The counts of :class:`Split` from per-group (m, T) acceptance and reversals."""
+    learn = np.arange(accepted.shape[0]) % LEARN_EVERY == 0
+
+    def count(x: np.ndarray) -> np.ndarray:
+        return x.sum(axis=0).astype(np.int64)
+
+    return Split(int(learn.sum()), int((~learn).sum()), count(accepted[learn]),
+                 count(accepted[~learn]), count(reversal[~learn]))
+
+
+def _walk(certified: np.ndarray, start: int) -> np.ndarray:
+    """The fixed sequence from ``start`` toward looser thresholds, to the first failure."""
+    walk = certified[start:]
+    stop = start + (int(np.argmin(walk)) if not walk.all() else walk.size)
+    feasible = np.zeros(certified.size, dtype=bool)
+    feasible[start:stop] = True
+    return feasible
+
+
+def _learnt_sequence(split: Split, beta: float, level: float, bound: str) -> np.ndarray:
+    """The fixed sequence at ``level`` on the testing groups, from the start the learning
+    groups' counts plan (scaled to the testing groups' number)."""
+    n_plan = np.rint(split.n_learn * (split.m_test / max(split.m_learn, 1))).astype(np.int64)
+    start = _sequence_start(n_plan, beta, level, bound)
+    p_test = p_values_checked(bound, split.k_test, split.n_test,
+                              np.full(split.n_test.shape, beta))
+    return _walk(p_test <= level, start)
+
+
 def _feasible(n_acc: np.ndarray, p_values: np.ndarray, beta: float, level: float,
-              bound: str, procedure: str) -> np.ndarray:
+              bound: str, procedure: str, split: Split | None = None) -> np.ndarray:
     """Certified thresholds (table strict → loose) under ``procedure``."""
     certified = p_values <= level
     if procedure == "bonferroni":
         return certified
+    if procedure == "learn-then-test":
+        # level is HOLM_SHARE·δ/T here: Holm on every group, and the fixed sequence on the
+        # testing groups at the rest of δ, from the start the learning groups plan.
+        if split is None:
+            raise ValueError("learn-then-test needs the split counts.")
+        sequence_level = level * p_values.size * (1 - HOLM_SHARE) / HOLM_SHARE
+        return (holm_certified(p_values, level)
+                | _learnt_sequence(split, beta, sequence_level, bound))
     if procedure == "hybrid":
         # Half of δ to each (level is δ/(2T) here): the fixed sequence at δ/2, Holm at δ/2;
         # a threshold either certifies is certified (the union bound adds their errors).
@@ -209,26 +269,23 @@ def _feasible(n_acc: np.ndarray, p_values: np.ndarray, beta: float, level: float
     if procedure == "holm":
         return holm_certified(p_values, level)
     # Fixed sequence: walk looser from the start, stopping at the first not certified.
-    start = _sequence_start(n_acc, beta, level, bound)
-    walk = certified[start:]
-    stop = start + (int(np.argmin(walk)) if not walk.all() else walk.size)
-    feasible = np.zeros(n_acc.size, dtype=bool)
-    feasible[start:stop] = True
-    return feasible
+    return _walk(certified, _sequence_start(n_acc, beta, level, bound))
 
 
 def _selection(taus: np.ndarray, n_acc: np.ndarray, k_rev: np.ndarray, recovery: np.ndarray,
-               beta: float, delta: float, bound: str, procedure: str) -> ThresholdSelection:
+               beta: float, delta: float, bound: str, procedure: str,
+               split: Split | None = None) -> ThresholdSelection:
     """The SRGO table and decision from the counts (taus strict → loose)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         risk = np.where(n_acc > 0, k_rev / np.maximum(n_acc, 1), np.nan)
-    level = {"fixed-sequence": delta, "hybrid": delta / (2 * taus.size)}.get(
-        procedure, delta / taus.size)
+    level = {"fixed-sequence": delta, "hybrid": delta / (2 * taus.size),
+             "learn-then-test": HOLM_SHARE * delta / taus.size}.get(procedure,
+                                                                     delta / taus.size)
     bounds = np.asarray(ucb(k_rev, n_acc, level, bound=bound), dtype=np.float64).reshape(-1)
     p_values = np.asarray(risk_p_value(k_rev, n_acc, beta, bound=bound),
                           dtype=np.float64).reshape(-1)
     # The p-value decides; the UCB beside it is its exact dual, so the columns agree.
-    feasible = _feasible(n_acc, p_values, beta, level, bound, procedure)
+    feasible = _feasible(n_acc, p_values, beta, level, bound, procedure, split)
     tau_sel: float | None = None
     if feasible.any():
         candidates = np.flatnonzero(feasible)
@@ -247,7 +304,7 @@ def select_threshold(
     beta: float,
     delta: float,
     bound: str = "clopper-pearson",
-    procedure: str = "bonferroni",
+    procedure: str = "learn-then-test",
     reward_condition: bool = True,
     recovery: bool = True,
     discard: str = "gate",
@@ -274,19 +331,24 @@ def select_threshold(
         Error level of the simultaneous guarantee, in (0, 1).
     bound : {"clopper-pearson", "hoeffding", "bentkus", "hoeffding-bentkus"}
         Binomial upper confidence bound (:func:`advcal.ucb`).
-    procedure : {"bonferroni", "holm", "fixed-sequence", "hybrid"}, default "bonferroni"
-        ``"bonferroni"``: each threshold certified at δ/T (valid whatever the shape of the
-        risk curve).  ``"holm"``: Holm's step-down over the same p-values, the j-th
-        smallest at δ/(T − j + 1); it certifies every threshold Bonferroni certifies and
-        possibly more, under the same guarantee (family-wise error ≤ δ whatever the
-        dependence and the shape of the curve).  ``"fixed-sequence"``: Learn-then-Test at
-        full δ, starting at the strictest threshold whose acceptance count would certify a
-        risk of β/2 with probability at least 1 − δ, walking toward looser ones and
-        stopping at the first not certified.  The start depends only on the acceptance
-        counts, which never look at the reference scoring, so the guarantee is that of a
-        sequence fixed in advance (see the SetGRPO docs page for the proof and what it
-        assumes).  ``"hybrid"``: the thresholds certified by the fixed sequence at δ/2 or
-        by Holm at δ/2; near the better of the two on monotone and non-monotone risk
+    procedure : {"learn-then-test", "bonferroni", "holm", "fixed-sequence", "hybrid"}
+        Default ``"learn-then-test"``: the thresholds certified by Holm at δ/10 (all
+        groups) or by a fixed sequence at 9δ/10 on 19 of every 20 groups, whose start is
+        planned from the acceptance counts of the 20th (every 20th group in the given
+        order, which must not depend on the groups' scores). Valid for any shape of the
+        risk curve without further assumption, and near the best of the others on monotone
+        and non-monotone curves alike. ``"bonferroni"``: each threshold certified at δ/T
+        (valid whatever the shape of the risk curve). ``"holm"``: Holm's step-down over the
+        same p-values, the j-th smallest at δ/(T − j + 1); it certifies every threshold
+        Bonferroni certifies and possibly more, under the same guarantee (family-wise error
+        ≤ δ whatever the dependence and the shape of the curve). ``"fixed-sequence"``:
+        fixed-sequence testing at full δ, starting at the strictest threshold whose acceptance
+        count would certify a risk of β/2 with probability at least 1 − δ, walking toward
+        looser ones and stopping at the first not certified. The start depends only on the
+        acceptance counts, which never look at the reference scoring, so the guarantee is
+        that of a sequence fixed in advance (see the SetGRPO docs page for the proof and
+        what it assumes). ``"hybrid"``: the thresholds certified by the fixed sequence at
+        δ/2 or by Holm at δ/2; near the better of the two on monotone and non-monotone risk
         curves alike, with the fixed sequence's assumption for its half.
     reward_condition, recovery, discard, seed
         The SetGRPO ablations, as in :func:`advcal.recover`, applied at every threshold
@@ -340,7 +402,9 @@ def select_threshold(
     reversal = accepted & (dot < 0)
     n_acc = accepted.sum(axis=0).astype(np.int64)
     k_rev = reversal.sum(axis=0).astype(np.int64)
-    return _selection(taus, n_acc, k_rev, eta.sum(axis=0), beta, delta, bound, procedure)
+    split = split_counts(accepted, reversal) if procedure == "learn-then-test" else None
+    return _selection(taus, n_acc, k_rev, eta.sum(axis=0), beta, delta, bound, procedure,
+                      split)
 
 
 def setgrpo(

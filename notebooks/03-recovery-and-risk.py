@@ -123,7 +123,7 @@ risk_data, risk_gram = groups(N_RISK)
 risk_sets = advcal.coefficient_sets(risk_data.a, calibration=calibration)
 reference = advcal.grpo(risk_data.b)
 selection = advcal.select_threshold(risk_sets, risk_gram, reference, thresholds=GRID, beta=BETA,
-                                    delta=DELTA)
+                                    delta=DELTA, procedure="bonferroni")
 sequential = advcal.select_threshold(risk_sets, risk_gram, reference, thresholds=GRID,
                                      beta=BETA, delta=DELTA, procedure="fixed-sequence")
 print(f"{'tau':>5} {'n_acc':>6} {'k_rev':>6} {'risk':>7} {'UCB':>7} {'recovery':>9} feasible")

@@ -21,7 +21,16 @@ from advcal import (
     setgrpo,
     ucb,
 )
-from advcal.risk import _certifiable_reversals, _feasible, _selection, _sequence_start
+from advcal.bounds import holm_certified
+from advcal.risk import (
+    LEARN_EVERY,
+    PROCEDURES,
+    Split,
+    _certifiable_reversals,
+    _feasible,
+    _selection,
+    _sequence_start,
+)
 from advcal.simulate import grade, gram_matrices, paired_scorings
 
 GRID = np.array([0.5, 0.4, 0.3, 0.2, 0.1, 0.0])
@@ -46,7 +55,7 @@ def risk_groups(n_groups: int, seed: int):
 def test_table_by_hand() -> None:
     sets, gram, reference = risk_groups(400, 1)
     sel = select_threshold(sets, gram, reference, thresholds=[0.0, 0.3, 0.99, 0.1], beta=0.4,
-                           delta=0.1)
+                           delta=0.1, procedure="bonferroni")
     np.testing.assert_array_equal(sel.tau, [0.99, 0.3, 0.1, 0.0])
     assert sel.level == pytest.approx(0.1 / 4)
     for j, tau in enumerate(sel.tau):
@@ -144,9 +153,9 @@ def test_setgrpo_equals_sets_then_recover() -> None:
 def test_bounds_are_passed_through(bound: str) -> None:
     sets, gram, reference = risk_groups(200, 6)
     sel = select_threshold(sets, gram, reference, thresholds=GRID, beta=0.3, delta=0.2,
-                           bound=bound, backend="numpy")
+                           bound=bound, backend="numpy", procedure="bonferroni")
     fast = select_threshold(sets, gram, reference, thresholds=GRID, beta=0.3, delta=0.2,
-                            bound=bound)
+                            bound=bound, procedure="bonferroni")
     np.testing.assert_array_equal(sel.n_acc, fast.n_acc)
     np.testing.assert_array_equal(sel.k_rev, fast.k_rev)
     np.testing.assert_allclose(sel.ucb, ucb(sel.k_rev, sel.n_acc, 0.2 / 6, bound=bound))
@@ -195,7 +204,39 @@ def test_holm_steps_down_by_hand() -> None:
                      "clopper-pearson", "holm").tolist() == [False, True, False, False]
 
 
-@pytest.mark.parametrize("procedure", ["bonferroni", "holm", "fixed-sequence", "hybrid"])
+def test_learn_then_test_by_hand() -> None:
+    # Every 20th group plans the start from its acceptance counts, scaled to the other
+    # groups, which walk the fixed sequence at 9δ/10; Holm at δ/10 runs on all groups.
+    sets, gram, reference = risk_groups(2000, 5)
+    beta, delta = 0.25, 0.2
+    sel = select_threshold(sets, gram, reference, thresholds=GRID, beta=beta, delta=delta)
+    accepted, reversal = [], []
+    for tau in GRID:
+        rec = recover(sets, gram, tau=tau)
+        dots = np.einsum("bi,bij,bj->b", rec.coefficients, gram, reference)
+        accepted.append(rec.accepted)
+        reversal.append(rec.accepted & (dots < 0))
+    acc, rev = np.array(accepted).T, np.array(reversal).T
+    learn = np.zeros(2000, dtype=bool)
+    learn[::20] = True
+    np.testing.assert_array_equal(sel.n_acc, acc.sum(axis=0))
+    assert sel.level == pytest.approx(delta / 10 / GRID.size, rel=1e-15)
+    p_all = np.asarray(risk_p_value(rev.sum(axis=0), acc.sum(axis=0), beta))
+    holm = holm_certified(p_all, sel.level)
+    plan = np.rint(acc[learn].sum(axis=0) * 1900 / 100).astype(np.int64)
+    start = _sequence_start(plan, beta, 0.9 * delta, "clopper-pearson")
+    p_test = np.asarray(risk_p_value(rev[~learn].sum(axis=0), acc[~learn].sum(axis=0), beta))
+    walk = np.zeros(GRID.size, dtype=bool)
+    for j in range(start, GRID.size):
+        if p_test[j] > 0.9 * delta:
+            break
+        walk[j] = True
+    np.testing.assert_array_equal(sel.feasible, holm | walk)
+    assert walk.any() and (walk & ~holm).any()  # the walk certifies what Holm does not
+
+
+@pytest.mark.parametrize("procedure", ["learn-then-test", "bonferroni", "holm", "fixed-sequence",
+                                       "hybrid"])
 def test_selected_threshold_controls_conditional_risk(procedure: str) -> None:
     # Repeated independent calibrations: the risk on fresh groups at τ_sel exceeds β in
     # at most a δ fraction of them (binomial tolerance).  The pool's risk curve rises from
@@ -276,15 +317,24 @@ def curve_study(m: int, reps: int, seed: int, beta: float, delta: float) -> dict
     "first-non-vacuous" replays the fixed sequence as it was before: the same p-values,
     but walking from the strictest threshold that accepts any group.
     """
+    # The learning tenth and the testing rest are independent draws (i.i.d. groups).
+    # learn-then-test draws its learning tenth and testing rest apart (their sum is a draw
+    # of m groups); the other procedures read one draw of m groups.
+    m_learn = -(-m // LEARN_EVERY)
+    n_learn, k_learn = curve_tables(m_learn, reps, seed + 1)
+    n_test, k_test = curve_tables(m - m_learn, reps, seed + 2)
     n_acc, k_rev = curve_tables(m, reps, seed)
     oracle = int(np.flatnonzero(CURVE_RISK <= beta)[-1])  # loosest tau with risk <= beta
-    chosen: dict[str, list[int]] = {"bonferroni": [], "holm": [], "fixed-sequence": [],
-                                    "hybrid": [], "first-non-vacuous": []}
-    for n, k in zip(n_acc, k_rev, strict=True):
-        for procedure in ("bonferroni", "holm", "fixed-sequence", "hybrid"):
+    chosen: dict[str, list[int]] = {procedure: [] for procedure in PROCEDURES}
+    chosen["first-non-vacuous"] = []
+    for r, (n, k) in enumerate(zip(n_acc, k_rev, strict=True)):
+        split = Split(m_learn, m - m_learn, n_learn[r], n_test[r], k_test[r])
+        for procedure in PROCEDURES:
+            counts = (n_learn[r] + n_test[r], k_learn[r] + k_test[r]) \
+                if procedure == "learn-then-test" else (n, k)
             # Recovery grows as tau loosens: take the accepted count.
-            sel = _selection(CURVE_TAU, n, k, n.astype(float), beta, delta,
-                             "clopper-pearson", procedure)
+            sel = _selection(CURVE_TAU, *counts, counts[0].astype(float), beta, delta,
+                             "clopper-pearson", procedure, split)
             feasible = np.flatnonzero(sel.feasible)
             chosen[procedure].append(int(feasible[-1]) if feasible.size else -1)
         walk = sel.p_value[int(np.flatnonzero(n > 0)[0]):] <= delta
@@ -313,10 +363,15 @@ STUDIES = [(3000, 0.2), (3000, 0.235), (20000, 0.2)]
 @pytest.mark.parametrize(("m", "beta"), STUDIES)
 def test_both_procedures_control_risk_on_a_known_curve(m: int, beta: float) -> None:
     study = curve_study(m, 300, m + int(1000 * beta), beta, 0.1)
-    for procedure in ("bonferroni", "holm", "fixed-sequence", "hybrid"):
+    for procedure in PROCEDURES:
         assert study[procedure]["violations"] <= _violation_limit(300, 0.1)
     # Holm certifies wherever Bonferroni does (its feasible set contains Bonferroni's)
     assert study["holm"]["certified"] >= study["bonferroni"]["certified"]
+    # The default is never much worse than the best procedure near the oracle, and
+    # beats Holm beyond binomial error (its fixed-sequence half finds the loose end).
+    near = {p: study[p]["near_oracle"] for p in PROCEDURES}
+    assert near["learn-then-test"] >= 0.6 * max(near.values()), near
+    assert near["learn-then-test"] > near["holm"], near
     # On this monotone curve the hybrid's fixed-sequence half finds the looser thresholds
     # that Holm misses (on the shapes below its Holm half keeps the power the fixed
     # sequence loses): more selections near the oracle than Holm, beyond binomial error.
@@ -425,17 +480,27 @@ def test_every_procedure_controls_risk_whatever_the_shape(shape: str) -> None:
     # which starts at the strict end, need not).
     risk, reps, beta, delta = SHAPES[shape], 300, 0.2, 0.1
     n_acc, k_rev = shaped_tables(risk, 3000, reps, seed=17)
-    certified = {}
-    for procedure in ("bonferroni", "holm", "fixed-sequence", "hybrid"):
+    m_learn = -(-3000 // LEARN_EVERY)
+    n_learn, k_learn = shaped_tables(risk, m_learn, reps, seed=18)
+    n_test, k_test = shaped_tables(risk, 3000 - m_learn, reps, seed=19)
+    oracle = int(np.flatnonzero(risk <= beta)[-1])
+    certified, near = {}, {}
+    for procedure in PROCEDURES:
         picks = []
-        for n, k in zip(n_acc, k_rev, strict=True):
+        for r, (n, k) in enumerate(zip(n_acc, k_rev, strict=True)):
+            split = Split(m_learn, 3000 - m_learn, n_learn[r], n_test[r], k_test[r])
+            if procedure == "learn-then-test":
+                n, k = n_learn[r] + n_test[r], k_learn[r] + k_test[r]
             sel = _selection(CURVE_TAU, n, k, n.astype(float), beta, delta,
-                             "clopper-pearson", procedure)
+                             "clopper-pearson", procedure, split)
             picks.append(-1 if sel.tau_sel is None else
                          int(np.flatnonzero(CURVE_TAU == sel.tau_sel)[0]))
         idx = np.array(picks)
         violations = int(((idx >= 0) & (risk[np.maximum(idx, 0)] > beta)).sum())
         assert violations <= _violation_limit(reps, delta), procedure
         certified[procedure] = int((idx >= 0).sum())
+        near[procedure] = int(((idx >= 0) & (np.abs(idx - oracle) <= 1)).sum())
     assert certified["holm"] >= certified["bonferroni"] >= 0.9 * reps
     assert certified["hybrid"] >= 0.9 * reps  # its Holm half keeps the power
+    assert certified["learn-then-test"] >= 0.9 * reps
+    assert near["learn-then-test"] >= 0.6 * max(near.values()), near

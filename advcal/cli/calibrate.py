@@ -67,7 +67,7 @@ from advcal.drift import (
 )
 from advcal.io import logs
 from advcal.io.artefacts import load_calibration, save_calibration
-from advcal.risk import select_threshold
+from advcal.risk import PROCEDURES, select_threshold
 from advcal.sets import (
     CENTERED,
     SetCalibration,
@@ -625,8 +625,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     thr.add_argument("--bound", default="clopper-pearson",
                      choices=("clopper-pearson", "hoeffding", "bentkus", "hoeffding-bentkus"),
                      help="binomial upper confidence bound (default: clopper-pearson)")
-    thr.add_argument("--procedure", choices=("bonferroni", "holm", "fixed-sequence", "hybrid"),
-                     default="bonferroni", help="multiple testing (default: bonferroni)")
+    thr.add_argument("--procedure", choices=PROCEDURES, default="learn-then-test",
+                     help="multiple testing (default: learn-then-test)")
     _max_bytes_option(thr)
     _set_options(thr)
     _common(thr, coverage=False)

@@ -313,7 +313,8 @@ def demo_setgrpo(seed: int = 0, *, sizes: _DemoSizes = _DEMO_SIZES, bar: _Bar | 
     reference = grpo(grade(risk_data.true, scale=_SET_REF_NOISE, seed=next(streams)).scores)
     selection = select_threshold(coefficient_sets(risk_data.a, calibration=calibration),
                                  risk_gram, reference, thresholds=_SET_THRESHOLDS,
-                                 beta=_SET_BETA, delta=_SET_DELTA)
+                                 beta=_SET_BETA, delta=_SET_DELTA,
+                                 procedure="bonferroni")  # the table's UCBs decide
     bar.advance()
     bar.describe("SetGRPO step")
     train, train_gram = groups(sizes.train)
