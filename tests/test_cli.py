@@ -123,6 +123,24 @@ def test_demo_prints_the_scale_table_and_the_paper_finding(capsys, demo_out):
     assert "With the Reward-Resolution Protocol (resolution 0.01), MaxNorm skips" in out
 
 
+def test_demo_estimator_table_keeps_its_columns_apart(demo_out):
+    # mad_scale's max|A| is 7.5e5 on the demo data: a fixed width ran it into mean|A|.
+    table = demo_out[demo_out.index("\nestimator ") + 1:]
+    lines = table.split("\n\n")[0].splitlines()
+    assert lines[0].split() == ["estimator", "max|A|", "mean|A|", "zero", "groups"]
+    values = {}
+    for line in lines[1:]:
+        name, big, mean, zero = line.split()
+        values[name] = (float(big), float(mean), int(zero))
+    assert values["mad_scale"][0] == pytest.approx(7.5e5, rel=1e-3)
+    assert values["grpo"][0] == pytest.approx(1.959, abs=1e-3)
+    from advcal.cli.demo import _number, _table
+
+    assert _number(1.5e6) == "1.500e+06" and _number(-0.0004) == "-0.000"
+    assert _table(("a", "b"), [("x", "123456789012")]).splitlines()[1].endswith(
+        "  123456789012")
+
+
 def test_demo_sections_in_order(demo_out):
     heads = ["advantages of group 3, per estimator", "scale diagnostics of a built-in reward log",
              "coverage of split-conformal reward ranges", "SetGRPO on simulated paired scorings",

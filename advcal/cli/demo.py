@@ -147,8 +147,25 @@ def demo_reward_log(seed: int = 0, n_groups: int = 512, group_size: int = 8
     return noisy, clean
 
 
+def _number(value: float) -> str:
+    """Three decimals, or scientific notation once the number outgrows a column."""
+    return f"{value:.3e}" if abs(value) >= 1e5 else f"{value:.3f}"
+
+
 def _format_row(label: str, values: Sequence[float], width: int = 8) -> str:
-    return f"{label:<24}" + "".join(f"{v:>{width}.3f}" for v in values)
+    # A column widens for a long number: one space always separates two numbers.
+    return f"{label:<24}" + "".join(f"{_number(v):>{max(width, len(_number(v)) + 1)}}"
+                                    for v in values)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], first: int = 24) -> str:
+    """Left-aligned first column, the others right-aligned and as wide as their widest
+    cell plus two spaces, so that no two cells run together."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) + 2 for i, h in enumerate(header)]
+    widths[0] = max(first, widths[0])
+    lines = [header, *rows]
+    return "\n".join(f"{line[0]:<{widths[0]}}" + "".join(f"{cell:>{w}}" for cell, w in zip(
+        line[1:], widths[1:], strict=True)) for line in lines)
 
 
 def _demo_extra(name: str, lengths: np.ndarray) -> dict[str, Any]:
@@ -462,11 +479,9 @@ def run(args: argparse.Namespace) -> int:
     for name in _DEMO_ESTIMATORS:
         print(_format_row(f"  {name}", results[name][3], 9))
     print()
-    print(f"{'estimator':<24}{'max|A|':>10}{'mean|A|':>10}{'zero groups':>13}")
-    for name, adv in results.items():
-        zero = int(np.sum(np.all(adv == 0.0, axis=1)))
-        print(f"{name:<24}{np.max(np.abs(adv)):>10.3f}{np.mean(np.abs(adv)):>10.3f}"
-              f"{zero:>13d}")
+    rows = [(name, _number(float(np.max(np.abs(adv)))), _number(float(np.mean(np.abs(adv)))),
+             str(int(np.sum(np.all(adv == 0.0, axis=1))))) for name, adv in results.items()]
+    print(_table(("estimator", "max|A|", "mean|A|", "zero groups"), rows))
     print()
     with bar("scale diagnostics", 2) as progress:
         diag = demo_diagnostics(args.seed)
