@@ -348,6 +348,63 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: Any, argv: list[str],
     assert not (tmp_path / "o.npz").exists()
 
 
+@pytest.mark.parametrize(("alpha", "units", "needed"), [(0.1, 8, 9), (0.05, 18, 19)])
+def test_a_vacuous_set_calibration_is_refused_unless_asked(
+        tmp_path: Path, capsys: Any, alpha: float, units: int, needed: int) -> None:
+    # One group fewer than split conformal needs at alpha: the radius is infinite.
+    pair = paired_scorings(units, 4, scale=0.05, seed=9)
+    log = tmp_path / "rollouts.jsonl"
+    write_verl_jsonl(log, pair.a, pair.b)
+    out = tmp_path / "sets.npz"
+    argv = ["sets", str(log), "--preset", "verl", "--second-col", "score_rescored",
+            "--alpha", str(alpha), "-o", str(out)]
+    code, text, err = run(capsys, *argv)
+    assert code == 2 and not out.exists() and text == ""
+    assert len(err.strip().splitlines()) == 1
+    assert f"vacuous at alpha = {alpha:g}" in err
+    assert f"{units} calibration units, split conformal needs at least {needed}" in err
+    assert "--allow-vacuous" in err
+    code, text, err = run(capsys, *argv, "--allow-vacuous")
+    assert code == 0, err
+    assert load_calibration(out, kind=SetCalibration).rho == np.inf
+    assert "inf (too few groups for alpha)" in text
+    # One more group: a finite radius, written without the flag.
+    pair = paired_scorings(needed, 4, scale=0.05, seed=9)
+    write_verl_jsonl(log, pair.a, pair.b)
+    code, _, err = run(capsys, *argv)
+    assert code == 0, err
+    assert np.isfinite(load_calibration(out, kind=SetCalibration).rho)
+
+
+def test_a_vacuous_range_category_is_refused_unless_asked(tmp_path: Path,
+                                                           capsys: Any) -> None:
+    judge, ref, _ = judge_rows(60, seed=6)
+    cats = ["easy"] * 55 + ["rare"] * 5  # 5 < 9 responses for alpha = 0.1
+    log = tmp_path / "judge.jsonl"
+    with log.open("w") as f:
+        for j, r, c in zip(judge, ref, cats, strict=True):
+            f.write(json.dumps({"judge": j, "reference": r, "difficulty": c}) + "\n")
+    out = tmp_path / "ranges.npz"
+    argv = ["ranges", str(log), "--category-col", "difficulty", "-o", str(out)]
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and not out.exists()
+    assert "category 'rare'" in err and "5 calibration units" in err and "least 9" in err
+    code, _, err = run(capsys, *argv, "--allow-vacuous")
+    assert code == 0, err
+    assert load_calibration(out, kind=RangeCalibration).radius["rare"] == np.inf
+
+
+def test_threshold_refuses_vacuous_sets_it_calibrates(tmp_path: Path, capsys: Any) -> None:
+    pair = paired_scorings(12, 4, scale=0.05, seed=11)
+    data = tmp_path / "srgo.npz"
+    np.savez(data, rewards=pair.a, second=pair.b, gram=gram_matrices(12, 4, seed=12).gram)
+    argv = ["threshold", str(data), "-o", str(tmp_path / "sel.npz")]
+    code, _, err = run(capsys, *argv)  # 6 groups calibrate the sets at alpha = 0.1
+    assert code == 2 and "6 calibration units" in err and "least 9" in err
+    code, _, err = run(capsys, *argv, "--allow-vacuous")
+    assert code == 0, err
+
+
 def test_help(capsys: Any) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["calibrate", "--help"])

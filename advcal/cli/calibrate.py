@@ -57,7 +57,7 @@ from advcal.cli._output import (
     srgo_table,
     write_plot,
 )
-from advcal.conformal import calibrate_ranges
+from advcal.conformal import calibrate_ranges, conformal_rank
 from advcal.drift import (
     CrossFittedCoverage,
     calibration_drift,
@@ -202,6 +202,8 @@ def run_sets(args: argparse.Namespace) -> int:
         summary = _set_summary(cal, a, offsets)
     except (ValueError, TypeError) as exc:
         raise CommandError(file_error(args.file, exc)) from None
+    if not math.isfinite(cal.rho):
+        _refuse_vacuous(args, "set calibration", cal.m, cal.alpha)
     _write(args.out, cal)
     write_plot(lambda path: _plot_sets(cal, path), args.plot)
     if args.json:
@@ -215,6 +217,24 @@ def run_sets(args: argparse.Namespace) -> int:
     _print_set_summary(summary, cov)
     print(f"SetCalibration written to {printable(args.out)}")
     return 0
+
+
+def _needed(alpha: float) -> int:
+    """The fewest calibration units whose split-conformal quantile at ``alpha`` is finite."""
+    m = max(1, math.ceil((1 - alpha) / alpha) - 1)
+    while conformal_rank(m, alpha) > m:
+        m += 1
+    return m
+
+
+def _refuse_vacuous(args: argparse.Namespace, what: str, have: int, alpha: float) -> None:
+    """A calibration with an infinite radius accepts everything (sets) or nothing (SRGO's
+    gate): written only on request."""
+    if not args.allow_vacuous:
+        raise CommandError(
+            f"{args.file}: the {what} is vacuous at alpha = {alpha:g} (infinite radius): "
+            f"{have} calibration units, split conformal needs at least {_needed(alpha)}; "
+            "use more data or a larger --alpha, or pass --allow-vacuous to write it anyway")
 
 
 def _write(path: str, obj: Any) -> None:
@@ -259,6 +279,15 @@ def run_ranges(args: argparse.Namespace) -> int:
         lo, hi = cal.ranges(inputs.get("judge"), **extra)
     except (ValueError, TypeError) as exc:
         raise CommandError(file_error(args.file, exc)) from None
+    vacuous = [key for key, value in cal.radius.items() if not math.isfinite(value)]
+    if vacuous:
+        cats = [] if cal.categories is None else cal.categories.tolist()
+        fewest = min(sum(1 for c in cats if c == key and type(c) is type(key))
+                     if key is not None else int(cal.scores.size) for key in vacuous)
+        what = ("range calibration" if cal.categories is None else
+                f"range calibration of category {vacuous[0]!r}"
+                + (f" (and {len(vacuous) - 1} more)" if len(vacuous) > 1 else ""))
+        _refuse_vacuous(args, what, fewest, cal.alpha)
     _write(args.out, cal)
     center = inputs["judge"] if "judge" in inputs else 0.5 * (inputs["lower"] + inputs["upper"])
     err = center - inputs["reference"]
@@ -359,6 +388,9 @@ def run_threshold(args: argparse.Namespace) -> int:
             select = np.setdiff1d(np.arange(sizes.size), chosen)
             cal = calibrate_sets(*_pair(a, b, offsets, chosen), **kwargs)
             source = f"calibrated on {n_cal} of the {informative.size} groups"
+            if not math.isfinite(cal.rho):
+                _refuse_vacuous(args, "set calibration (of --calibration-fraction's groups)",
+                                cal.m, cal.alpha)
         sa, sb, soff = _pair(a, b, offsets, select)
         sgram, _ = select_groups(gram.reshape(-1), block_offsets(sizes), select)
         sets = coefficient_sets(sa, soff, calibration=cal)
@@ -502,6 +534,9 @@ def _common(parser: argparse.ArgumentParser, *, coverage: bool = True) -> None:
                         help="also write a figure (.png, .pdf or .svg; needs matplotlib)")
     parser.add_argument("--json", action="store_true",
                         help="print the summary as JSON")
+    parser.add_argument("--allow-vacuous", action="store_true",
+                        help="write a calibration even when too few units make its radius "
+                             "infinite at --alpha (refused with exit 2 otherwise)")
 
 
 def _set_options(parser: argparse.ArgumentParser) -> None:
