@@ -603,8 +603,11 @@ def test_bad_binary_and_npz_contents(capsys, tmp_path):
     np.savez(path, rewards=np.ones((2, 2)))
     assert "no array 'judge'" in run_bad(capsys, ["diagnose", str(path), "--second-col",
                                                   "judge"])
-    assert "not a regular file" in run_bad(capsys, ["diagnose", str(tmp_path), "--format",
-                                                    "csv"])
+    # A folder is a log of several files (each named in its error); an empty one is none.
+    assert "latin.csv" in run_bad(capsys, ["diagnose", str(tmp_path), "--format", "csv"])
+    (tmp_path / "empty").mkdir()
+    assert "a folder without log files" in run_bad(capsys, ["diagnose",
+                                                            str(tmp_path / "empty")])
 
 
 def test_without_pyarrow_the_error_says_what_to_install(capsys, tmp_path, monkeypatch):

@@ -265,7 +265,7 @@ def test_trl_row_without_any_reward_is_skipped(tmp_path):
     frame["accuracy_reward"][3] = math.nan
     frame["format_reward"][3] = math.nan
     pq.write_table(pa.table(frame), tmp_path / "c.parquet")
-    log = read_log(tmp_path / "c.parquet", preset="trl")
+    log = read_log(tmp_path / "c.parquet", preset="trl", reward_weights=[1.0, 1.0])
     assert log.bad_rows.count == 1 and log.bad_rows.unit == "row"
     assert log.bad_rows.examples == ((4, "no reward (every reward column empty or NaN)"),)
     keep = [i for i in range(len(frame["prompt"])) if i != 3]
@@ -284,7 +284,7 @@ def test_messy_trl_csv(tmp_path):
             "1,p2,g,1,0.0,0\n")
     path = tmp_path / "c.csv"
     path.write_text(text, encoding="utf-8")
-    log = read_log(path, preset="trl")
+    log = read_log(path, preset="trl", reward_cols=["accuracy_reward", "format_reward"])
     assert flat(log) == [[1.5, 0.0], [1.2, 1.0]]
     assert log.bad_rows.count == 3
     reasons = [why for _, why in log.bad_rows.examples]

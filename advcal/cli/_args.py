@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Command(NamedTuple):
@@ -29,6 +29,17 @@ def path_arg(text: str) -> str:
     if "\0" in text:
         raise argparse.ArgumentTypeError("a path cannot hold a NUL character")
     return text
+
+
+class LogPaths(argparse.Action):
+    """A log's paths (``nargs="+"``): every one in ``paths``, and in ``file`` the one
+    path, or all of them joined, to name the log in the report and its errors."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        paths = list(values)
+        namespace.paths = paths
+        setattr(namespace, self.dest, paths[0] if len(paths) == 1 else " ".join(paths))
 
 
 def _plain_number(text: str, kind: str) -> str:

@@ -51,6 +51,27 @@ def srgo_table(sel: Any, columns: Sequence[Column], *, mark_selected: bool = Fal
     return "\n".join(lines)
 
 
+def print_reads(log: Any) -> None:
+    """The bad rows of a log: their count and first few, and for a log of several files
+    its files' count and each file that had some."""
+    files = getattr(log, "files", ())
+    if files:
+        print(f"{len(files)} files: {sum(f.responses for f in files)} responses in "
+              f"{sum(f.groups for f in files)} groups (a group never spans files)")
+    if log.bad_rows.count:
+        print(log.bad_rows.summary())
+        for f in files:
+            if f.bad_rows.count:
+                print(f"  {printable(f.path)}: {f.bad_rows.count} bad {f.bad_rows.unit}"
+                      f"{'s' if f.bad_rows.count != 1 else ''}")
+
+
+def files_json(log: Any) -> list[dict[str, Any]]:
+    """Each file of a log read from several: its responses, groups and bad rows."""
+    return [{"file": f.path, "responses": f.responses, "groups": f.groups,
+             "bad_rows": f.bad_rows.count} for f in getattr(log, "files", ())]
+
+
 # --------------------------------------------------------------------------- progress
 
 

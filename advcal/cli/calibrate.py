@@ -31,6 +31,7 @@ from advcal._blocks import block_offsets
 from advcal._validation import check_offsets
 from advcal.cli._args import (
     Command,
+    LogPaths,
     finite_arg,
     int_arg,
     max_bytes_arg,
@@ -54,6 +55,8 @@ from advcal.cli._output import (
     _save_figure,
     check_out,
     check_plot,
+    files_json,
+    print_reads,
     srgo_table,
     write_plot,
 )
@@ -102,11 +105,13 @@ def _read_paired(args: argparse.Namespace, second: str
         except ValueError as exc:
             raise CommandError(str(exc)) from None
     with _log_errors(args.file):
-        log = logs.read_log(args.file, preset=args.preset, group_cols=args.group_col,
-                            reward_cols=args.reward_col, reward_weights=weights,
-                            reward_agg=args.reward_agg, extra_cols=(second,),
-                            format=args.format, max_bytes=args.max_bytes,
-                            on_bad_row="error" if args.strict else args.on_bad_row)
+        paths = getattr(args, "paths", [args.file])
+        log = logs.read_logs(paths if len(paths) > 1 else paths[0], preset=args.preset,
+                             group_cols=args.group_col, reward_cols=args.reward_col,
+                             reward_weights=weights, reward_agg=args.reward_agg,
+                             extra_cols=(second,), format=args.format,
+                             max_bytes=args.max_bytes,
+                             on_bad_row="error" if args.strict else args.on_bad_row)
     return log.rewards, log.extra[second], log.offsets, log
 
 
@@ -209,11 +214,11 @@ def run_sets(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"kind": "SetCalibration", "file": args.file, "out": args.out,
                           **summary, "bad_rows": log.bad_rows.count,
+                          "files": files_json(log),
                           "coverage": _coverage_json(cov)}, indent=2))
         return 0
     print(f"advcal calibrate sets: {printable(args.file)}")
-    if log.bad_rows.count:
-        print(log.bad_rows.summary())
+    print_reads(log)
     _print_set_summary(summary, cov)
     print(f"SetCalibration written to {printable(args.out)}")
     return 0
@@ -598,9 +603,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "sets", help="JRSC set radius from two scorings of the same responses",
         description="Calibrate the radius of SetGRPO's coefficient sets (JRSC) on a log with "
                     "two scorings of the same responses; write a SetCalibration.")
-    sets.add_argument("file", type=path_arg,
+    sets.add_argument("file", type=path_arg, nargs="+", action=LogPaths, metavar="file",
                       help="paired log: one row per response with its group, a first and a "
-                           "second scoring (CSV, JSON Lines, Parquet, NPZ)")
+                           "second scoring (CSV, JSON Lines, Parquet, NPZ); several files, "
+                           "folders or glob patterns are one log, each file's groups its own")
     _log_options(sets)
     _set_options(sets)
     _common(sets)

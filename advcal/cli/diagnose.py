@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from advcal.cli._args import Command, finite_arg, max_bytes_arg, numbers, path_arg
+from advcal.cli._args import (
+    Command,
+    LogPaths,
+    finite_arg,
+    max_bytes_arg,
+    numbers,
+    path_arg,
+)
 from advcal.cli._errors import CommandError, file_error, printable
 from advcal.cli._output import (
     _figure,
@@ -26,6 +33,8 @@ from advcal.cli._output import (
     _read_progress,
     _save_figure,
     check_plot,
+    files_json,
+    print_reads,
     write_plot,
 )
 from advcal.diagnostics import DIAGNOSED_METHODS, ScaleDiagnostics, scale_diagnostics
@@ -109,6 +118,7 @@ def _diagnose_json(log: Any, diag: ScaleDiagnostics) -> dict[str, Any]:
         "bad_rows": {"count": log.bad_rows.count, "unit": log.bad_rows.unit,
                      "first": [{"number": n, "reason": why}
                                for n, why in log.bad_rows.examples]},
+        "files": files_json(log),
         "options": {"beta": diag.beta, "tau_res": diag.tau_res, "eps": diag.eps,
                     "resolution": diag.resolution},
         "methods": {
@@ -143,12 +153,14 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CommandError(str(exc)) from None
     on_bad_row = "error" if args.strict else args.on_bad_row
-    report, bar = _read_progress(f"reading {Path(args.file).name}",
+    shown = Path(args.file).name if len(args.paths) == 1 else f"{len(args.paths)} paths"
+    report, bar = _read_progress(f"reading {shown}",
                                  _progress_enabled(args.no_progress, sys.stderr))
     try:
         with bar:
-            log = logs.read_log(
-                args.file, preset=args.preset, group_cols=args.group_col,
+            log = logs.read_logs(
+                args.paths if len(args.paths) > 1 else args.paths[0], preset=args.preset,
+                group_cols=args.group_col,
                 reward_cols=args.reward_col, reward_weights=weights,
                 reward_agg=args.reward_agg,
                 extra_cols=() if args.second_col is None else (args.second_col,),
@@ -185,8 +197,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{_NAMES.get(log.format, log.format)}"
           f"{', ' + log.compression if log.compression else ''}; group: "
           f"{' + '.join(log.group_cols)}; reward: {' + '.join(log.reward_cols)}{agg}")
-    if log.bad_rows.count:
-        print(log.bad_rows.summary())
+    print_reads(log)
     if log.n_singletons:
         print(f"{log.n_singletons} group{'s' if log.n_singletons != 1 else ''} with a single "
               "response: no relative information, in no statistic")
@@ -208,10 +219,12 @@ _NAMES = {"csv": "CSV", "jsonl": "JSON Lines", "parquet": "Parquet", "npz": ".np
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``advcal diagnose``."""
     parser.add_argument(
-        "file", type=path_arg,
+        "file", type=path_arg, nargs="+", action=LogPaths, metavar="file",
         help="reward log, one row per response: CSV, JSON Lines, Parquet, or arrays in .npz "
              "('rewards': 2-D groups by row, 1-D with 'offsets' or 'group_ids') or .npy; "
-             "each optionally gzip/zstd-compressed (detected from the content)",
+             "each optionally gzip/zstd-compressed (detected from the content). Several "
+             "files, folders or glob patterns are read as one log, each file's groups its "
+             "own (TRL and verl write a file per step)",
     )
     parser.add_argument("--format", choices=("auto", "csv", "jsonl", "parquet", "npz", "npy"),
                         default="auto", help="file format (default: from the content)")

@@ -126,6 +126,26 @@ class BadRows:
         return f"skipped {self.count} bad {self.unit}{plural} ({shown}{more})"
 
 
+@dataclass(frozen=True)
+class FileRead:
+    """One file of a log read from several (:func:`read_logs`).
+
+    Attributes
+    ----------
+    path : str
+        The file.
+    responses, groups : int
+        The responses kept from it, and their groups (groups never span files).
+    bad_rows : BadRows
+        Its rows skipped.
+    """
+
+    path: str
+    responses: int
+    groups: int
+    bad_rows: BadRows
+
+
 @dataclass(frozen=True, eq=False)
 class RewardLog:
     """A reward log read by :func:`read_log`: grouped rewards and what was read.
@@ -154,6 +174,9 @@ class RewardLog:
         How the reward columns were combined (one of :data:`REWARD_AGGREGATIONS`).
     bad_rows : BadRows
         The rows skipped.
+    files : tuple of FileRead
+        For a log read from several files (:func:`read_logs`), each file's counts, in
+        reading order; empty for one file.
     """
 
     rewards: np.ndarray = field(repr=False)
@@ -167,6 +190,7 @@ class RewardLog:
     reward_weights: tuple[float, ...]
     reward_agg: str
     bad_rows: BadRows
+    files: tuple[FileRead, ...] = ()
 
     @property
     def n_groups(self) -> int:

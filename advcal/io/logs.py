@@ -16,11 +16,15 @@ Presets name the columns of two trainers' logs:
   keys ``input``, ``output``, ``gts``, ``score``, ``step`` and any extra reward infos.
   The reward is ``score``; the group is ``uid`` when the log has one, else the prompt
   text ``input``, within each ``step``.
-* ``"trl"``: TRL's GRPO completion logs (``log_completions``), with the columns
-  ``step``, ``prompt``, ``completion``, one column per reward function and
-  ``advantage``.  The group is ``prompt`` within each ``step``; the rewards are the
-  numeric columns other than ``step`` and ``advantage`` unless named, combined as TRL
-  does (``reward_agg``).
+* ``"trl"``: TRL's GRPO completion logs (``log_completions``, one Parquet file per
+  step), with the columns ``step``, ``prompt``, ``completion``, one column per reward
+  function, the ``log_extra`` columns of the reward functions, and ``advantage``.  The
+  group is ``prompt`` within each ``step``.  The reward is the numeric column other than
+  ``step`` and ``advantage`` when there is one; with several, the file cannot tell the
+  reward functions from the ``log_extra`` columns, so they must be named
+  (``reward_cols``) or weighted, one weight per numeric column (``reward_weights``,
+  TRL's, 0 for a column TRL does not sum).  They combine as TRL combines them
+  (``reward_agg``).
 
 The readers need pyarrow (``pip install 'advcal[logs]'``); ``import advcal.io.logs`` does
 not import it.  pyarrow is used rather than polars because it reads CSV and JSON in
@@ -42,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from advcal._files import user_path
-from advcal.io import _npz
+from advcal.io import _many, _npz
 from advcal.io._common import (
     _TRL_EPS,
     FORMATS,
@@ -50,6 +54,7 @@ from advcal.io._common import (
     REWARD_AGGREGATIONS,
     BadRows,
     ColumnLog,
+    FileRead,
     LogError,
     MissingDependencyError,
     Preset,
@@ -63,9 +68,10 @@ from advcal.io._jsonl import _read_jsonl
 from advcal.io._npz import _decompressed_copy, _read_npz
 from advcal.io._parquet import _read_parquet
 
-__all__ = ["FORMATS", "PRESETS", "REWARD_AGGREGATIONS", "BadRows", "ColumnLog", "LogError",
+__all__ = ["FORMATS", "PRESETS", "REWARD_AGGREGATIONS", "BadRows", "ColumnLog", "FileRead",
+           "LogError",
            "MissingDependencyError", "Preset", "RewardLog", "detect_format", "read_arrays",
-           "read_columns", "read_log"]
+           "read_columns", "read_log", "read_logs"]
 
 
 def _read_iv(on_bad_row: Any, max_bytes: Any) -> None:
@@ -203,14 +209,122 @@ def read_log(
     def plan_for(columns: Sequence[str] | None, numeric: Callable[[str], bool]) -> _Plan:
         plan = _plan(columns, numeric, preset_obj, preset is not None, groups, rewards,
                      extras, fmt in ("npz", "npy"), tuple(optional_cols))
+        guessed = preset == "trl" and not rewards and len(plan.reward_cols) > 1
+        trl_hint = ("; TRL logs its reward functions and its log_extra columns alike, and "
+                    "sums only the reward functions, each times its weight: name them with "
+                    "--reward-col (reward_cols) and their weights with --reward-weights, as "
+                    "in GRPOConfig.reward_weights") if guessed else ""
         if weights is not None and len(weights) != len(plan.reward_cols):
             raise LogError(f"{len(weights)} reward weights for the {len(plan.reward_cols)} "
-                           f"reward columns {', '.join(plan.reward_cols)}")
+                           f"reward columns {', '.join(plan.reward_cols)}{trl_hint}")
+        if guessed and weights is None:
+            raise LogError(f"{len(plan.reward_cols)} numeric columns could be rewards "
+                           f"({', '.join(plan.reward_cols)}){trl_hint}")
         return plan
 
     plan, digest = _read(path, fmt, compression, plan_for, on_bad_row, max_bytes, progress)
     return _assemble(path, fmt, compression, plan, digest,
                      weights or (1.0,) * len(plan.reward_cols), reward_agg)
+
+
+def read_logs(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    preset: str | None = None,
+    group_cols: Sequence[str] | str | None = None,
+    reward_cols: Sequence[str] | str | None = None,
+    reward_weights: Sequence[float] | None = None,
+    reward_agg: str = "sum",
+    extra_cols: Sequence[str] | str = (),
+    optional_cols: Sequence[str] = (),
+    format: str = "auto",
+    on_bad_row: str = "skip",
+    max_bytes: int = 1 << 30,
+    progress: Callable[[int, int], None] | None = None,
+) -> RewardLog:
+    """Read a log written in several files (TRL writes one Parquet file per step, verl
+    one JSON Lines file per step) as one reward log.
+
+    Each file is read by :func:`read_log` with the same options, and its groups stay
+    its own: a group never spans two files, so a group key that is only unique within a
+    step (a prompt's text) cannot join two steps' groups, or two runs'.
+
+    Parameters
+    ----------
+    paths : path or sequence of paths
+        Files, folders (their regular files whose names do not start with a dot) and glob
+        patterns (``"completions/*.parquet"``), read in the order given, a folder's or a
+        pattern's files in natural order of their names (``2.jsonl`` before
+        ``10.jsonl``).  A single file gives exactly :func:`read_log`'s result.
+    preset, group_cols, reward_cols, reward_weights, reward_agg, extra_cols, optional_cols
+        As in :func:`read_log`; every file must have the same group and reward columns.
+        ``optional_cols`` are kept where every file has them.
+    format, on_bad_row
+        As in :func:`read_log`, for each file.
+    max_bytes : int, default 2**30
+        :func:`read_log`'s bound for each file, and the bound of the kept rows of all the
+        files together (8 bytes per reward and extra column per response).
+    progress : callable(done, total), optional
+        Called after each chunk with the bytes read so far over all the files and their
+        total size.
+
+    Returns
+    -------
+    RewardLog
+        ``path`` names the paths given (the folder or pattern when one), ``files`` gives
+        each file's responses, groups and bad rows, and ``bad_rows`` their sum (the first
+        few examples prefixed by their file).
+
+    Raises
+    ------
+    LogError
+        A one-line description naming the file that is wrong, or a path that names no
+        file.
+    TypeError
+        ``paths`` is not a path or a sequence of paths.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> from advcal.io.logs import read_logs
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "1.csv").write_text("step,prompt,accuracy\\n1,q1,1\\n1,q1,0\\n")
+    >>> _ = (folder / "2.csv").write_text("step,prompt,accuracy\\n2,q1,0\\n2,q1,\\n")
+    >>> log = read_logs(folder, preset="trl")
+    >>> log.rewards, log.offsets
+    (array([1., 0., 0.]), array([0, 2, 3]))
+    >>> [(pathlib.Path(f.path).name, f.responses, f.bad_rows.count) for f in log.files]
+    [('1.csv', 2, 0), ('2.csv', 1, 1)]
+    """
+    files, name = _many.expand_paths(paths)
+    if len(files) == 1 and (isinstance(paths, (str, os.PathLike)) and files[0] == Path(
+            os.fspath(paths))):
+        return read_log(files[0], preset=preset, group_cols=group_cols,
+                        reward_cols=reward_cols, reward_weights=reward_weights,
+                        reward_agg=reward_agg, extra_cols=extra_cols,
+                        optional_cols=optional_cols, format=format, on_bad_row=on_bad_row,
+                        max_bytes=max_bytes, progress=progress)
+    sizes = [f.stat().st_size if f.is_file() else 0 for f in files]
+    total, done = sum(sizes), 0
+    parts = []
+    for path, size in zip(files, sizes, strict=True):
+        def report(read: int, _size: int, base: int = done) -> None:
+            if progress is not None:
+                progress(base + read, total)
+
+        try:
+            parts.append(read_log(path, preset=preset, group_cols=group_cols,
+                                  reward_cols=reward_cols, reward_weights=reward_weights,
+                                  reward_agg=reward_agg, extra_cols=extra_cols,
+                                  optional_cols=optional_cols, format=format,
+                                  on_bad_row=on_bad_row, max_bytes=max_bytes,
+                                  progress=report))
+        except LogError as exc:
+            if str(path) in str(exc):
+                raise
+            raise LogError(f"{path}: {exc}") from None
+        done += size
+    return _many.joined(parts, name, max_bytes)
 
 
 def read_columns(
