@@ -1,11 +1,13 @@
-"""``advcal diagnose`` end to end on 10-million-row logs, against pyarrow's raw read.
+"""``advcal diagnose`` end to end on 10-million-row logs, against pyarrow's raw read and a
+polars read plus group_by.
 
-Two files are generated in a temporary folder: a verl rollout dump (JSON Lines: ``input``,
-``output``, ``gts``, ``score``, ``step``; groups of 8 responses per prompt) and a TRL
-completion log (CSV: ``step``, ``prompt``, ``completion``, two reward-function columns,
-``advantage``).  Each command runs in a fresh process, which reports its wall time and
-peak resident memory; the ratio is to pyarrow reading the same file whole
-(``pyarrow.json.read_json`` / ``pyarrow.csv.read_csv``, every column, its threads).
+Three files are generated in a temporary folder: a verl rollout dump (JSON Lines:
+``input``, ``output``, ``gts``, ``score``, ``step``; groups of 8 responses per prompt) and
+a TRL completion log (``step``, ``prompt``, ``completion``, two reward-function columns,
+``advantage``) as CSV and as Parquet.  Each command runs in a fresh process, which reports
+its wall time and peak resident memory; the ratios are to pyarrow reading the same file
+whole (every column, its threads), and to polars reading it and summing the rewards per
+group (where polars is installed: ``make bench`` installs it).
 
 Target (issue 15): each diagnose at most 10 s and 1.5 GB peak RSS on the 2-core machine.
 ``--quick`` uses 10**6 rows.  Run alone: ``python -m benchmarks --only diagnose``.
@@ -96,40 +98,74 @@ def measure(code: str) -> tuple[float, float, int]:
 
 
 def _diagnose(path: Path, preset: str) -> str:
+    # TRL's log cannot tell reward functions from log_extra columns: they are named
+    named = (["--reward-col", "accuracy_reward", "--reward-col", "format_reward"]
+             if preset == "trl" else [])
     return ("import io, contextlib\nfrom advcal.cli import main\nout = io.StringIO()\n"
             "with contextlib.redirect_stdout(out):\n"
             f"    code = main(['diagnose', {str(path)!r}, '--preset', {preset!r}, "
-            "'--no-progress'])\n"
+            f"'--no-progress', *{named!r}])\n"
             "assert code == 0, code")
 
 
+def _polars(path: Path, reader: str, keys: list[str], values: list[str]) -> str:
+    """The polars peer: read the file, then sum each value column and count per group."""
+    sums = ", ".join(f"pl.col({v!r}).sum()" for v in values)
+    return (f"import polars as pl\ndf = pl.{reader}({str(path)!r})\n"
+            f"g = df.group_by({keys!r}, maintain_order=True).agg({sums}, pl.len())")
+
+
 def _report(quick: bool) -> list[str]:
+    import importlib.util
+
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
     rows = 10**6 if quick else 10**7
+    has_polars = importlib.util.find_spec("polars") is not None
     lines = []
     with tempfile.TemporaryDirectory(prefix="advcal-bench-") as folder:
         verl = Path(folder) / "1.jsonl"
         trl = Path(folder) / "completions.csv"
+        parquet = Path(folder) / "completions_00003.parquet"
         start = time.perf_counter()
         write_verl_jsonl(verl, rows)
         write_trl_csv(trl, rows)
+        pq.write_table(pcsv.read_csv(trl), parquet)  # TRL writes its log as Parquet
         lines.append(f"generated {rows:,} rows each in {time.perf_counter() - start:.0f} s: "
                      f"{verl.name} {os.path.getsize(verl) / 1e6:.0f} MB, "
-                     f"{trl.name} {os.path.getsize(trl) / 1e6:.0f} MB")
+                     f"{trl.name} {os.path.getsize(trl) / 1e6:.0f} MB, "
+                     f"{parquet.name} {os.path.getsize(parquet) / 1e6:.0f} MB")
         # the first diagnose compiles nothing new, but warm the page cache and the kernels
         measure(_diagnose(trl, "trl") if quick else "import advcal.cli")
-        for label, path, preset, raw in (
+        trl_values = ["accuracy_reward", "format_reward"]
+        for label, path, preset, raw, peer in (
             ("verl JSONL", verl, "verl",
-             f"import pyarrow.json as pj\nt = pj.read_json({str(verl)!r})"),
+             f"import pyarrow.json as pj\nt = pj.read_json({str(verl)!r})",
+             _polars(verl, "read_ndjson", ["step", "input"], ["score"])),
             ("TRL CSV", trl, "trl",
-             f"import pyarrow.csv as pc\nt = pc.read_csv({str(trl)!r})"),
+             f"import pyarrow.csv as pc\nt = pc.read_csv({str(trl)!r})",
+             _polars(trl, "read_csv", ["step", "prompt"], trl_values)),
+            ("TRL Parquet", parquet, "trl",
+             f"import pyarrow.parquet as pq\nt = pq.read_table({str(parquet)!r})",
+             _polars(parquet, "read_parquet", ["step", "prompt"], trl_values)),
         ):
             raw_time, raw_cpu, raw_rss = measure(raw)
             time_, cpu, rss = measure(_diagnose(path, preset))
             lines.append(
-                f"{label + ':':<12} diagnose --preset {preset:<5}{time_:7.2f} s "
+                f"{label + ':':<13} diagnose --preset {preset:<5}{time_:7.2f} s "
                 f"(cpu {cpu:6.2f} s) {rss / 2**30:5.2f} GiB peak RSS;  pyarrow raw read "
-                f"{raw_time:6.2f} s (cpu {raw_cpu:6.2f} s) {raw_rss / 2**30:5.2f} GiB;  ratio "
+                f"{raw_time:6.2f} s {raw_rss / 2**30:5.2f} GiB: ratio "
                 f"{time_ / raw_time:5.2f}x time, {rss / raw_rss:5.2f}x RSS")
+            if has_polars:
+                pl_time, pl_cpu, pl_rss = measure(peer)
+                lines.append(
+                    f"{'':<13} polars read + group_by {pl_time:6.2f} s (cpu {pl_cpu:6.2f} s) "
+                    f"{pl_rss / 2**30:5.2f} GiB: ratio {time_ / pl_time:5.2f}x time, "
+                    f"{rss / pl_rss:5.2f}x RSS")
+        if not has_polars:
+            lines.append("polars is not installed: its peer was skipped (make bench installs "
+                         "it)")
         lines.append(f"load average during the runs: {os.getloadavg()[0]:.1f} "
                      f"on {os.cpu_count()} cores")
     return lines
@@ -137,6 +173,7 @@ def _report(quick: bool) -> list[str]:
 
 def cases(quick: bool) -> list[Case]:
     size = "10**6" if quick else "10**7"
-    return [Case(f"diagnose on {size}-row verl JSONL and TRL CSV logs (fresh processes)",
+    return [Case(f"diagnose on {size}-row verl JSONL, TRL CSV and Parquet logs (fresh "
+                 "processes)",
                  {}, "", target="<= 10 s and <= 1.5 GB peak RSS each, at 10**7 rows",
                  report=lambda: _report(quick))]

@@ -610,3 +610,32 @@ def test_presets_are_documented_choices():
     assert PRESETS["verl"].reward_cols == ("score",)
     assert PRESETS["trl"].fits(["step", "prompt", "completion", "r1", "advantage"])
     assert not PRESETS["verl"].fits(["prompt", "r1"])
+
+
+@pytest.mark.parametrize("kind", ["int64", "int32", "int8", "uint64", "bool"])
+def test_integer_group_ids_are_encoded_as_their_text_would_be(kind):
+    # Only the distinct values are written as text; the keys and their order are those
+    # of encoding every value's text.
+    import pyarrow.compute as pc
+
+    from advcal.io._digest import _key_type, _keys_arrow
+
+    rng = np.random.default_rng(7)
+    typ = getattr(pa, kind if kind != "bool" else "bool_")()
+    for _ in range(30):
+        n = int(rng.integers(0, 60))
+        values = rng.integers(-4, 4, n)
+        if kind == "bool":
+            values = values > 0
+        elif kind == "uint64":
+            values = np.iinfo(np.uint64).max - np.abs(values).astype(np.uint64)
+        elif kind == "int64":
+            values = np.where(values == 3, np.iinfo(np.int64).min, values)
+        array = pa.array(values, typ, mask=rng.random(n) < 0.2)
+        tag = "bool" if kind == "bool" else "int"
+        text = pc.binary_join_element_wise(f"\x00{tag}:", array.cast(pa.string()), "")
+        expected = pc.dictionary_encode(text).cast(_key_type())
+        got = _keys_arrow(pa.chunked_array([array[: n // 2], array[n // 2:]], typ))
+        assert got.type == expected.type
+        assert got.indices.equals(expected.indices)
+        assert got.dictionary.equals(expected.dictionary)

@@ -66,8 +66,13 @@ def _keys_arrow(array: Any) -> Any:
         return pa.nulls(len(array), _key_type())
     if tag == "float":  # NaN and infinities name no group
         array = pc.if_else(pc.is_finite(array), array, pa.scalar(None, t))
-    text = pc.binary_join_element_wise(f"\x00{tag}:", array.cast(pa.string()), "")
-    return pc.dictionary_encode(text).cast(_key_type())
+        text = pc.binary_join_element_wise(f"\x00{tag}:", array.cast(pa.string()), "")
+        return pc.dictionary_encode(text).cast(_key_type())
+    # An integer's or a bool's text is one-to-one with its value: encode the values, and
+    # write only the distinct ones as text (the same keys, in the same order).
+    encoded = pc.dictionary_encode(array)
+    text = pc.binary_join_element_wise(f"\x00{tag}:", encoded.dictionary.cast(pa.string()), "")
+    return pa.DictionaryArray.from_arrays(encoded.indices, text).cast(_key_type())
 
 
 def _compact(array: Any) -> Any:
