@@ -27,7 +27,8 @@ Here instead:
   ``/tmp`` excepted); the ``advcal`` directory, the ``kernels-`` one and any directory
   created on the way (mode 0700) must be this user's own.  Where that fails, or nothing can
   be created or written there, kernels are compiled in memory only, with one
-  ``KernelCacheDisabledWarning`` per process.
+  ``KernelCacheDisabledWarning`` per process that names the folder tried, the reason and
+  ``NUMBA_CACHE_DIR`` (``cache_problem`` returns that text; ``advcal warmup`` prints it).
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ from numba.core.caching import (
 )
 from numba.misc.appdirs import user_cache_dir
 
-__all__ = ["KernelCacheDisabledWarning", "KernelCacheWarning", "cache_dir", "cached_njit",
-           "source_hash"]
+__all__ = ["KernelCacheDisabledWarning", "KernelCacheWarning", "cache_dir", "cache_problem",
+           "cached_njit", "source_hash"]
 
 ENGINE_DIR = Path(__file__).resolve().parent / "_kernels"
 _PREFIX = "kernels-"
@@ -155,18 +156,39 @@ def cache_dir() -> Path | None:
         return _find_cache_dir()
 
 
+def cache_problem() -> str | None:
+    """Why this process caches no kernels (the folder tried, the reason, and how to choose
+    another folder), or None where it caches them: what the warning of ``cache_dir`` says."""
+    with _lock:
+        return _locate()[1]
+
+
 @cache
 def _find_cache_dir() -> Path | None:
+    path, problem = _locate()
+    if path is None:
+        warnings.warn(f"advcal compiles its numba kernels in memory in this process; nothing is "
+                      f"cached on disk: {problem}", KernelCacheDisabledWarning, stacklevel=4)
+    return path
+
+
+@cache
+def _locate() -> tuple[Path | None, str | None]:
+    """The cache directory, or None and why not."""
     numba_dir = getattr(config, "CACHE_DIR", "")  # NUMBA_CACHE_DIR, as numba read it
     # (NUMBA_CACHE_DIR names the one place to cache: never another one behind its back)
+    folder = None
     try:
-        folder = Path(numba_dir, "advcal") if numba_dir else _user_folder()
-        return _safe_dir(folder.absolute() if numba_dir else folder, _PREFIX + source_hash())
+        folder = Path(numba_dir, "advcal").absolute() if numba_dir else _user_folder()
+        return _safe_dir(folder, _PREFIX + source_hash()), None
     except (_Unsafe, OSError, KeyError, RuntimeError) as exc:  # KeyError: no home for "~"
         reason = str(exc) if isinstance(exc, _Unsafe) else f"{type(exc).__name__}: {exc}"
-    warnings.warn(f"advcal compiles its numba kernels in memory in this process; nothing is "
-                  f"cached on disk: {reason}", KernelCacheDisabledWarning, stacklevel=4)
-    return None
+    # Without a cache every new process compiles again, for seconds per entry point: say
+    # where the cache was looked for and how to choose another folder.
+    tried = f"the cache folder {folder}" if folder is not None else "the user cache folder"
+    return None, (f"{tried} cannot be used ({reason}), so every new process compiles the "
+                  "kernels again; set NUMBA_CACHE_DIR to a folder of your own (writable by "
+                  "you only) to cache them there")
 
 
 def _warn(message: str) -> None:

@@ -165,9 +165,20 @@ def _min_norm_solution(hmat, g, n, z):
     """z = H⁺g (eigenvalues below 1e-12·max are null): the anchor's minimum-norm step when
     the unconstrained minimum lies inside the ball."""
     evals, evecs = np.linalg.eigh(hmat)
-    keep = evals > 1e-12 * max(evals[n - 1], 0.0)
-    inverse = np.where(keep, 1.0 / np.where(keep, evals, 1.0), 0.0)
-    z[:n] = evecs @ (inverse * (evecs.T @ g[:n]))
+    cut = 1e-12 * max(evals[n - 1], 0.0)
+    # Loops and np.dot into an output (what @ runs) instead of np.where, @ and z[:n] = ...:
+    # the same arithmetic, without the broadcasting code that doubled recover's compile.
+    inverse = np.empty(n)
+    for i in range(n):
+        inverse[i] = 1.0 / evals[i] if evals[i] > cut else 0.0
+    proj = np.empty(n)
+    np.dot(evecs.T, g[:n], proj)
+    for i in range(n):
+        proj[i] = inverse[i] * proj[i]
+    out = np.empty(n)
+    np.dot(evecs, proj, out)
+    for i in range(n):
+        z[i] = out[i]
 
 
 @njit(inline="always")

@@ -1,7 +1,8 @@
 """The ``advcal`` command line: ``advcal demo`` (a tour on built-in data: estimators, the
-scale-diagnostics table, conformal coverage and a SetGRPO run), ``advcal diagnose FILE``
-(scale diagnostics of a reward log) and ``advcal calibrate {sets,ranges,threshold}``
-(calibration files from logs).
+scale-diagnostics table, conformal coverage and a SetGRPO run), ``advcal diagnose FILE...``
+(scale diagnostics of a reward log), ``advcal calibrate {sets,ranges,threshold}``
+(calibration files from logs) and ``advcal warmup`` (the numba kernels compiled into the
+on-disk cache ahead of time).
 
 The package, floor by floor (a module imports only those below it):
 
@@ -9,7 +10,7 @@ The package, floor by floor (a module imports only those below it):
   are bad input, one-line messages;
 * ``_args``: the shape of a command (``Command``) and the argparse types of the options;
 * ``_output``: JSON numbers, the SRGO table, the progress bar, figure and target checks;
-* ``diagnose``, ``demo``, ``calibrate``: one module per command, its ``COMMAND`` (name,
+* ``diagnose``, ``demo``, ``calibrate``, ``warmup``: one module per command, its ``COMMAND`` (name,
   help, ``add_arguments``, ``run``);
 * ``_main``: the parser and the error net, :func:`main`.
 

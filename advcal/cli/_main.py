@@ -34,8 +34,9 @@ from advcal.cli._errors import (
 from advcal.cli.calibrate import COMMAND as CALIBRATE
 from advcal.cli.demo import COMMAND as DEMO
 from advcal.cli.diagnose import COMMAND as DIAGNOSE
+from advcal.cli.warmup import COMMAND as WARMUP
 
-_COMMANDS = (DEMO, DIAGNOSE, CALIBRATE)
+_COMMANDS = (DEMO, DIAGNOSE, CALIBRATE, WARMUP)
 
 
 class _Parser(argparse.ArgumentParser):

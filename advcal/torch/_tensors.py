@@ -3,22 +3,55 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from advcal._validation import check_keywords
+
 _HALF_NAMES = ("bfloat16", "float16")
+_torch_module: Any = None
+# torch.float32 and torch.float64 once torch is imported: tensors that numpy holds as they are
+_PLAIN_DTYPES: tuple[Any, ...] = ()
 
 
 def _torch() -> Any:
-    try:
-        return importlib.import_module("torch")
-    except ImportError:  # pragma: no cover - exercised only without torch
-        raise ImportError(
-            "advcal.torch needs PyTorch; install it (pip install torch) or call the numpy "
-            "functions of advcal directly."
-        ) from None
+    global _torch_module, _PLAIN_DTYPES
+    if _torch_module is None:  # imported once: import_module costs microseconds a call
+        try:
+            torch = importlib.import_module("torch")
+        except ImportError:  # pragma: no cover - exercised only without torch
+            raise ImportError(
+                "advcal.torch needs PyTorch; install it (pip install torch) or call the "
+                "numpy functions of advcal directly."
+            ) from None
+        _PLAIN_DTYPES = (torch.float32, torch.float64)
+        _torch_module = torch
+    return _torch_module
+
+
+@functools.lru_cache(maxsize=256)
+def _accepted_keywords(function: Callable[..., Any]) -> frozenset[str] | None:
+    """The keywords ``function`` takes by name, or None where it takes any (``**kwargs``):
+    its signature read once, not at every call."""
+    params = inspect.signature(function).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return frozenset(k for k, p in params.items()
+                     if p.kind in (inspect.Parameter.KEYWORD_ONLY,
+                                   inspect.Parameter.POSITIONAL_OR_KEYWORD))
+
+
+def _check_keywords(function: Callable[..., Any], accepted: frozenset[str] | None,
+                    estimator: str, keywords: Any) -> None:
+    """``check_keywords`` with the accepted keywords known: only a keyword outside them
+    reads the signature again, to raise check_keywords' own message."""
+    if accepted is not None and not accepted.issuperset(keywords):
+        check_keywords(function, estimator, keywords)
 
 
 def _is_tensor(value: Any) -> bool:
@@ -51,15 +84,18 @@ def to_numpy(tensor: Any, name: str = "tensor") -> np.ndarray:
     torch = _torch()
     if not torch.is_tensor(tensor):
         raise TypeError(f"`{name}` must be a torch.Tensor; got {type(tensor).__name__}.")
-    host = tensor.detach()
-    if host.device.type == "meta":  # shapes only: there are no values to copy
+    if tensor.dtype in _PLAIN_DTYPES and tensor.is_cpu and not tensor.requires_grad:
+        return tensor.numpy()  # the common case: every check below would pass
+    # a tensor outside autograd is its own detached view: detach() only costs time
+    host = tensor.detach() if tensor.requires_grad else tensor
+    if host.is_meta:  # shapes only: there are no values to copy
         raise ValueError(f"`{name}` is on the meta device and holds no data; "
                          "materialise it (e.g. .to_empty(device=...) and fill it) first.")
     if host.is_complex():
         raise TypeError(f"`{name}` must hold real numbers; got dtype {host.dtype}.")
     if str(host.dtype).removeprefix("torch.") in _HALF_NAMES:
         host = host.float()
-    return np.asarray(host.cpu().numpy())
+    return np.asarray((host if host.is_cpu else host.cpu()).numpy())
 
 
 def from_numpy(array: Any, like: Any) -> Any:
@@ -99,12 +135,17 @@ def from_numpy(array: Any, like: Any) -> Any:
                             f"dtype {array.dtype}.")
         # torch takes native byte order only; order="C" (unlike ascontiguousarray) keeps
         # 0-d arrays 0-d.  A conversion copies: the caller's array is never changed.
-        host = np.asarray(array, dtype=array.dtype.newbyteorder("="), order="C")
+        host = array
+        if not (type(array) is np.ndarray and array.dtype.isnative
+                and array.flags.c_contiguous):
+            host = np.asarray(array, dtype=array.dtype.newbyteorder("="), order="C")
         try:
             out = torch.from_numpy(host)
         except TypeError as exc:  # a dtype torch lacks (longdouble, clongdouble)
             raise TypeError(f"`array` has dtype {array.dtype}, which torch cannot hold "
                             f"({exc}).") from None
+        if like.is_cpu and out.dtype == like.dtype:
+            return out  # what .to() would return, without its call
         if out.is_floating_point() and like.is_floating_point():
             return out.to(device=like.device, dtype=like.dtype)
         return out.to(device=like.device)
@@ -173,12 +214,14 @@ def advantages(
     ...                method="dr_grpo")
     tensor([ 0.5000, -0.5000,  0.0000,  0.0000])
     """
-    from advcal._validation import check_choice, check_keywords
+    from advcal._validation import check_choice
     from advcal.registry import REGISTRY
     from advcal.registry import advantages as np_advantages
 
     check_choice(method, "method", tuple(REGISTRY))
-    check_keywords(REGISTRY[method].function, method, {"group_ids": group_ids, **kwargs})
+    function = REGISTRY[method].function
+    _check_keywords(function, _accepted_keywords(function), method,
+                    {"group_ids": group_ids, **kwargs})
     host = to_numpy(rewards, "rewards")
     result = np_advantages(
         host,
@@ -193,8 +236,6 @@ def advantages(
 def _point_estimator(name: str) -> Any:
     """``advcal.torch.<name>``: the numpy estimator of that name on torch tensors, with
     its signature; an option the estimator does not take is a TypeError naming both."""
-    import inspect
-
     import advcal.estimators as numpy_estimators
     from advcal.registry import REGISTRY
 
@@ -202,22 +243,23 @@ def _point_estimator(name: str) -> Any:
     numpy_function = entry.function if entry else getattr(numpy_estimators, name)
     # How the example refers to the numpy function (registered ones by name).
     reference = f'advcal.ESTIMATORS["{name}"]' if entry else f"advcal.{name}"
+    signature = inspect.signature(numpy_function)
+    accepted = _accepted_keywords(numpy_function)
 
     def estimator(rewards: Any, offsets: Any = None, *, group_ids: Any = None,
                   **options: Any) -> Any:
-        from advcal._validation import check_keywords
-
-        check_keywords(numpy_function, name, options)
+        if options:
+            _check_keywords(numpy_function, accepted, name, options)
         result = numpy_function(
             to_numpy(rewards, "rewards"),
             _host_optional(offsets, "offsets"),
             group_ids=_host_optional(group_ids, "group_ids"),
-            **_host_kwargs(options),
+            **(_host_kwargs(options) if options else options),
         )
         return from_numpy(result, rewards)
 
     estimator.__name__ = estimator.__qualname__ = name
-    estimator.__signature__ = inspect.signature(numpy_function)  # type: ignore[attr-defined]
+    estimator.__signature__ = signature  # type: ignore[attr-defined]
     rewards, extra = _EXAMPLE_INPUTS.get(name, ("[[1.0, 0.0, 0.5, 0.25]]", ""))
     estimator.__doc__ = (
         f""":func:`advcal.{name}` on torch tensors.
