@@ -240,7 +240,12 @@ def as_batch(rewards: Any, offsets: Any, group_ids: Any, *, name: str = "rewards
             f"`group_ids` must have one label per reward ({values.size}); "
             f"got {index.order.size}."
         )
-    return Batch(np.ascontiguousarray(values[index.order]), index.offsets, order=index.order)
+    order = index.order
+    if order.size and order[0] == 0 and order[-1] == order.size - 1 and (
+            np.diff(order) == 1).all():
+        # Labels already grouped (verl's usual layout): no gather now, no scatter back.
+        return Batch(np.ascontiguousarray(values), index.offsets)
+    return Batch(np.ascontiguousarray(values[order]), index.offsets, order=order)
 
 
 def valid_counts(batch: Batch, omit_nan: bool) -> np.ndarray:
