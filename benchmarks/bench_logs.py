@@ -111,7 +111,10 @@ def _diagnose(path: Path, preset: str) -> str:
 def _polars(path: Path, reader: str, keys: list[str], values: list[str]) -> str:
     """The polars peer: read the file, then sum each value column and count per group."""
     sums = ", ".join(f"pl.col({v!r}).sum()" for v in values)
-    return (f"import polars as pl\ndf = pl.{reader}({str(path)!r})\n"
+    # CSV: the reward columns are floats (polars would infer text from a "nan" cell)
+    typed = (f", schema_overrides={{v: pl.Float64 for v in {values!r}}}"
+             if reader == "read_csv" else "")
+    return (f"import polars as pl\ndf = pl.{reader}({str(path)!r}{typed})\n"
             f"g = df.group_by({keys!r}, maintain_order=True).agg({sums}, pl.len())")
 
 
@@ -158,7 +161,12 @@ def _report(quick: bool) -> list[str]:
                 f"{raw_time:6.2f} s {raw_rss / 2**30:5.2f} GiB: ratio "
                 f"{time_ / raw_time:5.2f}x time, {rss / raw_rss:5.2f}x RSS")
             if has_polars:
-                pl_time, pl_cpu, pl_rss = measure(peer)
+                try:
+                    pl_time, pl_cpu, pl_rss = measure(peer)
+                except subprocess.CalledProcessError as exc:  # report it, time the others
+                    why = (exc.stderr or "").strip().splitlines()[-1:] or ["no message"]
+                    lines.append(f"{'':<13} polars failed: {why[0]}")
+                    continue
                 lines.append(
                     f"{'':<13} polars read + group_by {pl_time:6.2f} s (cpu {pl_cpu:6.2f} s) "
                     f"{pl_rss / 2**30:5.2f} GiB: ratio {time_ / pl_time:5.2f}x time, "
