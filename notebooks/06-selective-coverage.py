@@ -140,16 +140,16 @@ marg = np.array(rows["marginal"])
 diag = np.array(rows["diagonal"])
 fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
 left.plot(GRID, marg[:, 1], "o-", label="marginal sets (isotropic noise)")
-left.plot(GRID, selective_mean, "s-", label="selective radius $\\rho_\\tau$ (same gate)")
+left.plot(GRID, selective_mean, "s-", label="selective radius ρ_τ (same gate)")
 left.plot(GRID, diag[:, 1], "^-", label="per-response noise (diagonal)")
-left.axhline(1 - ALPHA, color="grey", ls="--", lw=1, label="$1 - \\alpha$")
-left.set(xlabel="threshold $\\tau$ (stricter to the right)",
+left.axhline(1 - ALPHA, color="grey", ls="--", lw=1, label="1 − α")
+left.set(xlabel="threshold τ (stricter to the right)",
          ylabel="coverage among accepted groups", ylim=(0, 1.02))
 left.invert_xaxis()
 left.legend(fontsize=8, loc="lower left")
 right.plot(GRID, marg[:, 2], "o-", label="marginal sets (and selective radius)")
 right.plot(GRID, diag[:, 2], "^-", label="per-response noise (diagonal)")
-right.set(xlabel="threshold $\\tau$ (stricter to the right)",
+right.set(xlabel="threshold τ (stricter to the right)",
           ylabel="reversal risk among accepted groups")
 right.invert_xaxis()
 right.legend(fontsize=8)

@@ -27,8 +27,9 @@
 # reward of a policy, E_x E_y r*(x, y), is computed exactly from its probabilities (no
 # sampling noise in the curves).
 #
-# **Step.** B = 16 prompts drawn without replacement, G = 8 responses each; loss
-# = -Σ_i a_i log π(y_i | x_i) / (B·G) with a_i the method's coefficients; Adam, lr = 0.02.
+# **Step.** B = 16 prompts drawn without replacement, G = 8 responses each, and the loss
+# $\mathcal{L}(\theta) = -\frac{1}{BG} \sum_i a_i \log \pi_\theta(y_i \mid x_i)$ with
+# $a_i$ the method's coefficients; Adam, lr = 0.02.
 #
 # **Graders.**
 #
