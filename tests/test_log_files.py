@@ -195,3 +195,14 @@ def test_cli_calibrates_sets_on_verl_step_files(tmp_path: Path, capsys: Any) -> 
                  "--second-col", "rescored", "-o", str(out)]) == 0
     expected = calibrate_sets(pair.a, pair.b, alpha=0.1)
     assert load_calibration(out).rho == expected.rho
+
+
+def test_progress_counts_the_bytes_of_all_files(tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        trl_step(tmp_path, step, seed=step)
+    seen: list[tuple[int, int]] = []
+    read_logs(tmp_path, **OPTIONS, progress=lambda done, total: seen.append((done, total)))
+    total = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert {t for _, t in seen} == {total}
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and done[-1] == total

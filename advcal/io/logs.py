@@ -297,28 +297,26 @@ def read_logs(
     [('1.csv', 2, 0), ('2.csv', 1, 1)]
     """
     files, name = _many.expand_paths(paths)
-    if len(files) == 1 and (isinstance(paths, (str, os.PathLike)) and files[0] == Path(
-            os.fspath(paths))):
-        return read_log(files[0], preset=preset, group_cols=group_cols,
-                        reward_cols=reward_cols, reward_weights=reward_weights,
-                        reward_agg=reward_agg, extra_cols=extra_cols,
-                        optional_cols=optional_cols, format=format, on_bad_row=on_bad_row,
-                        max_bytes=max_bytes, progress=progress)
+
+    def read(path: Path, report: Callable[[int, int], None] | None) -> RewardLog:
+        return read_log(path, preset=preset, group_cols=group_cols, reward_cols=reward_cols,
+                        reward_weights=reward_weights, reward_agg=reward_agg,
+                        extra_cols=extra_cols, optional_cols=optional_cols, format=format,
+                        on_bad_row=on_bad_row, max_bytes=max_bytes, progress=report)
+
+    if len(files) == 1 and isinstance(paths, (str, os.PathLike)) and files[0] == Path(
+            os.fspath(paths)):
+        return read(files[0], progress)
     sizes = [f.stat().st_size if f.is_file() else 0 for f in files]
     total, done = sum(sizes), 0
     parts = []
     for path, size in zip(files, sizes, strict=True):
-        def report(read: int, _size: int, base: int = done) -> None:
+        def report(bytes_read: int, _size: int, base: int = done) -> None:
             if progress is not None:
-                progress(base + read, total)
+                progress(base + bytes_read, total)
 
         try:
-            parts.append(read_log(path, preset=preset, group_cols=group_cols,
-                                  reward_cols=reward_cols, reward_weights=reward_weights,
-                                  reward_agg=reward_agg, extra_cols=extra_cols,
-                                  optional_cols=optional_cols, format=format,
-                                  on_bad_row=on_bad_row, max_bytes=max_bytes,
-                                  progress=report))
+            parts.append(read(path, report))
         except LogError as exc:
             if str(path) in str(exc):
                 raise
