@@ -80,23 +80,94 @@ def test_non_reentrant_checkpointing_is_exact(route: str | None,
 
 
 @pytest.mark.parametrize("layers", [None, "last", "named"])
-def test_reentrant_checkpointing_is_refused(layers: str | None) -> None:
-    # Its forward runs under no_grad, so the checkpointed layers record nothing: K would
-    # cover the LM head alone while capture.layers lists every layer.
+@pytest.mark.parametrize("route", [None, "pairs"])
+def test_transformers_reentrant_checkpointing_is_exact(layers: str | None, route: str | None,
+                                                       monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    # Its forward runs under no_grad: recorded as it is, K would cover the LM head alone
+    # while capture.layers lists every layer.  The capture runs it non-reentrant instead.
     pytest.importorskip("transformers")
+    monkeypatch.setattr(tg, "_FORCE_ROUTE", route)
     model = checkpointed_llama(reentrant=True)
     selection = {None: None, "last": last_blocks(model.model, 1),
                  "named": ["model.model.layers.1", "model.lm_head"]}[layers]
-    with pytest.raises(ValueError, match="reentrant activation checkpointing") as info:
-        captured(model, make_batch(6, vocab=24), LAYOUTS["dense"], layers=selection)
-    message = str(info.value)
-    assert "model.model.layers.1.self_attn.q_proj" in message
-    assert "use_reentrant=False" in message and "did not run" not in message
-    # the same model without checkpointing: the Gram is exact over every listed layer
-    model.model.gradient_checkpointing_disable()
-    gram, capture = captured(model, make_batch(6, vocab=24), LAYOUTS["dense"],
-                             layers=selection)
+    batch = make_batch(6, vocab=24)
+    layout = LAYOUTS["dense"]
+    gram, capture = captured(model, batch, layout, layers=selection)
     assert capture.parameters() and len(capture.parameters()) == len(capture.layers)
+    if layers == "named":
+        assert len(capture.layers) == 8  # seven linear layers of block 1, and the head
+    # brute force on the same function without checkpointing: reentrant checkpoints would
+    # hide the parameters inside them from its torch.autograd.grad
+    model.model.gradient_checkpointing_disable()
+    expected = layout_blocks(brute_force(model, batch, capture.parameters()), layout)
+    assert relative_error(gram, expected) <= EXACT
+
+
+def _gradients(model: nn.Module, batch: tuple[torch.Tensor, ...], capture: bool
+               ) -> list[torch.Tensor]:
+    """The trainer's gradient of a weighted loss, with or without a capture's gram() first."""
+    model.zero_grad(set_to_none=True)
+    weights = torch.linspace(-1.0, 1.0, batch[0].shape[0], dtype=torch.float64)
+    if capture:
+        with GradientCapture(model) as cap:
+            objectives = objectives_of(model, batch)
+        cap.gram(objectives, group_size=3)
+    else:
+        objectives = objectives_of(model, batch)
+    (weights * objectives).sum().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_reentrant_checkpointing_keeps_the_trainers_gradient() -> None:
+    # The capture's non-reentrant checkpoints give the trainer's backward the gradient
+    # reentrant ones give, bit for bit, and the model's own checkpointing comes back.
+    pytest.importorskip("transformers")
+    model = checkpointed_llama(reentrant=True)
+    layers = [m for m in model.modules() if "_gradient_checkpointing_func" in m.__dict__]
+    before = [m._gradient_checkpointing_func for m in layers]
+    assert layers and all(f.keywords == {"use_reentrant": True} for f in before)
+    batch = make_batch(6, vocab=24)
+    plain = _gradients(model, batch, capture=False)
+    assert all(g.abs().sum() > 0 for g in plain)  # every parameter has a gradient
+    seen = []
+    with GradientCapture(model):
+        seen = [m._gradient_checkpointing_func for m in layers]
+    assert all(f is not b for f, b in zip(seen, before, strict=True))
+    assert [m._gradient_checkpointing_func for m in layers] == before
+    assert all(m._gradient_checkpointing_func is b for m, b in zip(layers, before,
+                                                                    strict=True))
+    captured_grads = _gradients(model, batch, capture=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, captured_grads, strict=True))
+    # a capture that raised on entry or in the block puts it back as well
+    with pytest.raises(RuntimeError, match="boom"), GradientCapture(model):
+        raise RuntimeError("boom")
+    assert all(m._gradient_checkpointing_func is b for m, b in zip(layers, before,
+                                                                    strict=True))
+
+
+def test_reentrant_checkpointing_without_inputs_needing_gradients_stays_reentrant() -> None:
+    # Reentrant checkpointing gives the parameters inside a segment no gradient when none of
+    # its inputs needs one (a frozen embedding without enable_input_require_grads).  The
+    # capture keeps that, so the trainer's gradient is the same: K covers what has a
+    # gradient, the head, and says so; layers named explicitly are refused.
+    pytest.importorskip("transformers")
+    model = checkpointed_llama(reentrant=True)
+    model.model.model.embed_tokens.weight.requires_grad_(False)
+    model.model.disable_input_require_grads()
+    batch = make_batch(6, vocab=24)
+    layout = LAYOUTS["dense"]
+    with pytest.warns(UserWarning, match="requires_grad"):
+        gram, capture = captured(model, batch, layout)
+    assert capture.layers == ["model.lm_head"]
+    assert capture.parameters() == [model.model.lm_head.weight]
+    with pytest.warns(UserWarning, match="requires_grad"):
+        expected = layout_blocks(brute_force(model, batch, capture.parameters()), layout)
+    assert relative_error(gram, expected) <= EXACT
+    with pytest.warns(UserWarning, match="requires_grad"), \
+            pytest.raises(ValueError, match=r"\['model.model.layers.1.self_attn.q_proj', .*"
+                          "gradients disabled"):
+        captured(model, batch, layout, layers=["model.model.layers.1", "model.lm_head"])
 
 
 class ReentrantMLP(TokenMLP):

@@ -55,7 +55,8 @@ def _trainer(*, lora=True, bf16=False, steps=1, entropy_quantile=1.0, dropout=0.
         max_completion_length=6, max_steps=steps, report_to=[], use_cpu=True,
         save_strategy="no", learning_rate=1e-2, logging_steps=1, seed=0, disable_tqdm=True,
         bf16=bf16, top_entropy_quantile=entropy_quantile,
-        gradient_checkpointing=checkpointing)
+        gradient_checkpointing=bool(checkpointing),
+        gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
     return _Trainer(model=model, reward_funcs=_spread_reward, args=config,
                     train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS * 4}),
                     processing_class=tok, advantage="setgrpo", calibration=_calibration(),
@@ -81,7 +82,7 @@ def _batch(trainer) -> dict:
 
 
 @pytest.mark.parametrize("lora", [True, False])
-@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("checkpointing", [False, True, "reentrant"])
 def test_the_gradient_is_trls_loss_with_the_coefficients(lora, checkpointing) -> None:
     # The Gram's pass leaves no gradient behind: the step's gradient is TRL's backward of
     # TRL's own loss, with the coefficients the mixin wrote as its advantages.
@@ -98,6 +99,13 @@ def test_the_gradient_is_trls_loss_with_the_coefficients(lora, checkpointing) ->
     assert got.keys() == expected.keys()
     for name, e in expected.items():
         torch.testing.assert_close(got[name], e, rtol=0, atol=0)
+    if checkpointing == "reentrant":
+        # the same batch, the same K, so the same coefficients as with non-reentrant ones
+        other = _trainer(lora=lora, checkpointing=True)
+        again = dict(_batch(other), advantages=trls)
+        assert torch.equal(again["completion_ids"], inputs["completion_ids"])
+        _gradients(other, again)
+        assert torch.equal(again["advantages"], inputs["advantages"])
 
 
 def test_a_lora_training_run() -> None:

@@ -36,6 +36,7 @@ from advcal.torch._accumulate import (
     _Rows,
     _sketch_sides,
 )
+from advcal.torch._checkpointing import restore, run_non_reentrant
 from advcal.torch._layers import LayerSelection, _by_rule, _resolve_layers, _torch
 from advcal.torch._packing import _Packing
 from advcal.torch._stream import (
@@ -57,11 +58,11 @@ OUTPUTS = ("numpy", "tensor")
 
 
 _REENTRANT = (
-    "torch.utils.checkpoint.checkpoint(..., use_reentrant=True) (as transformers' "
-    "gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': True}) "
-    "sets it) runs the checkpointed forward without gradients and cannot be differentiated "
-    "by torch.autograd.grad; use use_reentrant=False (transformers' default), or no "
-    "checkpointing for the forward pass under the capture.")
+    "torch.utils.checkpoint.checkpoint(..., use_reentrant=True), called by the model's own "
+    "code, runs the checkpointed forward without gradients and cannot be differentiated "
+    "by torch.autograd.grad; call it with use_reentrant=False, or enable checkpointing "
+    "through transformers' gradient_checkpointing_enable (which the capture runs "
+    "non-reentrant whatever its use_reentrant).")
 
 
 def _reentrant_checkpoint(fn: Any) -> bool:
@@ -119,7 +120,8 @@ class GradientCapture:
     Attributes
     ----------
     layers : list of str
-        Names of the layers the Gram matrix covers.
+        Names of the layers the Gram matrix covers; after :meth:`gram`, only those that ran
+        with gradients in the forward pass (as :meth:`parameters`).
 
     Examples
     --------
@@ -169,6 +171,7 @@ class GradientCapture:
         self._sketch = sketch
         self._batch_dim = int(batch_dim)
         self._handles: list[Any] = []
+        self._swapped: list[tuple[Any, Any]] = []
         self._records: list[list[_Call]] | None = None
         self._count = 0  # calls recorded so far: their forward order
         self._silent: set[int] = set()
@@ -196,7 +199,9 @@ class GradientCapture:
 
     @property
     def layers(self) -> list[str]:
-        return [layer.name for layer in self._layers]
+        # after gram(), as parameters(): a layer chosen by a rule that did not run with
+        # gradients is not covered
+        return [layer.name for i, layer in enumerate(self._layers) if i not in self._silent]
 
     def parameters(self) -> list[Any]:
         """The parameters whose gradients the Gram matrix covers, layer by layer, each once
@@ -215,6 +220,9 @@ class GradientCapture:
         self._state = "recording"
         self._records = [[] for _ in self._layers]
         try:
+            # transformers' reentrant checkpointing, whose layers no backward could reach
+            # with torch.autograd.grad, recorded as non-reentrant (the same gradients)
+            self._swapped = run_non_reentrant(self._model)
             for index, layer in enumerate(self._layers):
                 self._handles.append(layer.module.register_forward_hook(
                     self._hook(index), with_kwargs=True))
@@ -234,6 +242,8 @@ class GradientCapture:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        restore(self._swapped)
+        self._swapped = []
 
     def _hook(self, index: int) -> Callable[..., None]:
         torch = _torch()
@@ -326,11 +336,14 @@ class GradientCapture:
         Raises
         ------
         ValueError
-            Besides bad arguments: when covered layers ran inside reentrant activation
-            checkpointing (``use_reentrant=True``), or a covered layer's gradient flows
-            through it, since K could not cover them (non-reentrant checkpointing is
-            exact); when the Gram matrix is not finite (naming the objectives, the layers
-            whose inputs or output gradients hold NaN or inf, or an overflow).
+            Besides bad arguments: when covered layers ran inside a reentrant activation
+            checkpoint that the model's code calls itself
+            (``torch.utils.checkpoint.checkpoint(..., use_reentrant=True)``), or a covered
+            layer's gradient flows through one, since K could not cover them (checkpointing
+            set by transformers' ``gradient_checkpointing_enable`` runs non-reentrant under
+            the capture, whatever its ``use_reentrant``, and is exact); when the Gram
+            matrix is not finite (naming the objectives, the layers whose inputs or output
+            gradients hold NaN or inf, or an overflow).
         """
         if output not in OUTPUTS:
             raise ValueError(f"`output` must be one of {OUTPUTS}; got {output!r}.")
