@@ -17,10 +17,12 @@ _HALF_NAMES = ("bfloat16", "float16")
 _torch_module: Any = None
 # torch.float32 and torch.float64 once torch is imported: tensors that numpy holds as they are
 _PLAIN_DTYPES: tuple[Any, ...] = ()
+# their numpy twins (native byte order), by torch dtype
+_TWINS: dict[Any, np.dtype[Any]] = {}
 
 
 def _torch() -> Any:
-    global _torch_module, _PLAIN_DTYPES
+    global _torch_module, _PLAIN_DTYPES, _TWINS
     if _torch_module is None:  # imported once: import_module costs microseconds a call
         try:
             torch = importlib.import_module("torch")
@@ -30,6 +32,7 @@ def _torch() -> Any:
                 "numpy functions of advcal directly."
             ) from None
         _PLAIN_DTYPES = (torch.float32, torch.float64)
+        _TWINS = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
         _torch_module = torch
     return _torch_module
 
@@ -81,8 +84,8 @@ def to_numpy(tensor: Any, name: str = "tensor") -> np.ndarray:
     >>> to_numpy(torch.tensor([0.5, 0.25], dtype=torch.bfloat16))
     array([0.5 , 0.25], dtype=float32)
     """
-    torch = _torch()
-    if not torch.is_tensor(tensor):
+    torch = _torch_module if _torch_module is not None else _torch()
+    if not isinstance(tensor, torch.Tensor):  # torch.is_tensor, without its call
         raise TypeError(f"`{name}` must be a torch.Tensor; got {type(tensor).__name__}.")
     if tensor.dtype in _PLAIN_DTYPES and tensor.is_cpu and not tensor.requires_grad:
         return tensor.numpy()  # the common case: every check below would pass
@@ -128,7 +131,12 @@ def from_numpy(array: Any, like: Any) -> Any:
     >>> from_numpy(np.array([1.0, -1.0]), torch.zeros(2, dtype=torch.float16))
     tensor([ 1., -1.], dtype=torch.float16)
     """
-    torch = _torch()
+    torch = _torch_module if _torch_module is not None else _torch()
+    # the common case (a fresh float result for a CPU tensor of its dtype): what the
+    # general path below returns, without its checks
+    if type(array) is np.ndarray and array.dtype is _TWINS.get(like.dtype) and like.is_cpu \
+            and array.flags.c_contiguous:
+        return torch.from_numpy(array)
     if isinstance(array, np.ndarray):
         if array.dtype.kind not in "biufc":
             raise TypeError("`array` must hold booleans or numbers to become a tensor; got "
@@ -248,6 +256,8 @@ def _point_estimator(name: str) -> Any:
 
     def estimator(rewards: Any, offsets: Any = None, *, group_ids: Any = None,
                   **options: Any) -> Any:
+        if offsets is None and group_ids is None and not options:  # dense (B, G) rewards
+            return from_numpy(numpy_function(to_numpy(rewards, "rewards")), rewards)
         if options:
             _check_keywords(numpy_function, accepted, name, options)
         result = numpy_function(
