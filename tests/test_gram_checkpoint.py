@@ -104,6 +104,21 @@ def test_transformers_reentrant_checkpointing_is_exact(layers: str | None, route
     assert relative_error(gram, expected) <= EXACT
 
 
+def test_reentrant_checkpointing_sketched_rows_are_the_non_reentrant_ones() -> None:
+    # Under the capture both run the same non-reentrant checkpoints: the same rows, bit
+    # for bit, and the same sketched K.
+    pytest.importorskip("transformers")
+    batch = make_batch(6, vocab=24)
+    rows = []
+    for reentrant in (True, False):
+        model = checkpointed_llama(reentrant=reentrant)
+        with GradientCapture(model, sketch_dim=16, seed=3) as capture:
+            objectives = objectives_of(model, batch)
+        rows.append(capture.rows(objectives))
+    assert rows[0].shape == rows[1].shape and rows[0].abs().sum() > 0
+    assert torch.equal(rows[0], rows[1])
+
+
 def _gradients(model: nn.Module, batch: tuple[torch.Tensor, ...], capture: bool
                ) -> list[torch.Tensor]:
     """The trainer's gradient of a weighted loss, with or without a capture's gram() first."""
