@@ -22,6 +22,12 @@ per step is set against one backward pass (grpo's forward + backward minus its f
 in full fine-tuning and with peft LoRA adapters on every linear layer (r = 8), under TRL's
 default settings; the Gram's backward pass runs before TRL's own.
 
+**Whole steps.**  ``trainer.train()`` on the same model and sizes, GRPO and SetGRPO
+(every linear layer) alternating in each round: everything a TRL step does (generation,
+scoring, the loss and its backward, gradient clipping, the optimizer, TRL's bookkeeping).
+A step's time is a run of 12 steps minus a run of 2, over the 10 steps between, so that
+what a run pays once (building the trainer's state, the first compiles) cancels.
+
 The cases are built only when selected (they import TRL and construct trainers).
 """
 
@@ -171,12 +177,14 @@ def _advantage_case(groups: int, none_fraction: float) -> Case | None:
     return Case("", candidates, baseline=base, notes=_Notes(notes))
 
 
-def _setgrpo_case(quick: bool) -> Case:
+def _trainers(quick: bool) -> tuple[Callable[..., Any], dict[str, Any], list[str]]:
+    """``make(lora=False, steps=1, **options)``: an AdvcalGRPOTrainer on the benchmark's
+    Llama (the same weights each time) under TRL's defaults; SetGRPO's options; the
+    prompts."""
     import datasets
     import torch
     import transformers
     import trl
-    from trl.trainer.utils import shuffle_sequence_dict
 
     import advcal
     from advcal.integrations.trl import AdvcalGRPOTrainer
@@ -199,7 +207,7 @@ def _setgrpo_case(quick: bool) -> Case:
     def reward(completions: list[str], **kwargs: Any) -> list[float]:
         return [len(c) / 20 for c in completions]
 
-    def trainer(lora: bool = False, **kwargs: Any) -> Any:
+    def make(lora: bool = False, steps: int = 1, **kwargs: Any) -> Any:
         model = transformers.LlamaForCausalLM(config)
         model.load_state_dict(weights)
         if lora:
@@ -213,19 +221,29 @@ def _setgrpo_case(quick: bool) -> Case:
                     torch.nn.init.normal_(p, std=0.1)
         args = trl.GRPOConfig(
             output_dir=None, per_device_train_batch_size=g * prompts, num_generations=g,
-            max_completion_length=length, max_steps=1, report_to=[], use_cpu=True,
-            save_strategy="no", seed=0, disable_tqdm=True)
-        out = AdvcalGRPOTrainer(model=model, reward_funcs=reward, args=args,
-                                train_dataset=datasets.Dataset.from_dict({"prompt": texts}),
-                                processing_class=tok, **kwargs)
+            max_completion_length=length, max_steps=steps, report_to=[], use_cpu=True,
+            save_strategy="no", seed=0, disable_tqdm=True, logging_steps=10 ** 6)
+        out = AdvcalGRPOTrainer(
+            model=model, reward_funcs=reward, args=args, processing_class=tok,
+            train_dataset=datasets.Dataset.from_dict({"prompt": texts * max(1, steps)}),
+            **kwargs)
         out.model.train()
         out.current_gradient_accumulation_steps = 1  # set by Trainer.train() otherwise
         return out
 
-    setgrpo = {"advantage": "setgrpo", "calibration": calibration, "tau": 0.2}
+    return make, {"advantage": "setgrpo", "calibration": calibration, "tau": 0.2}, texts
+
+
+def _setgrpo_case(quick: bool) -> Case:
+    import torch
+    from trl.trainer.utils import shuffle_sequence_dict
+
+    g = SETGRPO_SIZES[quick][0]
+    trainer, setgrpo, texts = _trainers(quick)
     runs = {"grpo": trainer(advantage="grpo"),
             "setgrpo, every linear layer": trainer(**setgrpo),
-            "setgrpo, last block": trainer(**setgrpo, gram_layers=["model.layers.1"])}
+            "setgrpo, last block": trainer(
+                **setgrpo, gram_layers=[f"model.layers.{SETGRPO_WIDTH[quick][1] - 1}"])}
     if importlib.util.find_spec("peft") is not None:
         runs["grpo, LoRA"] = trainer(True, advantage="grpo")
         runs["setgrpo, LoRA"] = trainer(True, **setgrpo)
@@ -300,6 +318,43 @@ def _setgrpo_case(quick: bool) -> Case:
                 notes=_Notes(notes, apart=math.inf, min_total=1.5))
 
 
+def _train_report(quick: bool) -> list[str]:
+    """Whole steps of ``trainer.train()`` (generation, scoring, loss, backward, clipping,
+    optimizer, TRL's bookkeeping), GRPO and SetGRPO alternating in each round: a step's
+    time is that of a run of ``long`` steps minus one of ``short`` (the fixed costs of a
+    run cancel), over the steps between."""
+    import contextlib
+    import io
+    import time
+
+    import torch
+
+    torch.set_num_threads(1)
+    make, setgrpo, _ = _trainers(quick)
+    short, long, rounds = (1, 3, 2) if quick else (2, 12, 5)
+    modes = {"grpo": {"advantage": "grpo"}, "setgrpo, every linear layer": setgrpo}
+
+    def seconds(steps: int, options: dict[str, Any]) -> float:
+        trainer = make(steps=steps, **options)
+        with contextlib.redirect_stdout(io.StringIO()):  # train() prints its metrics
+            start = time.perf_counter()
+            trainer.train()
+            return time.perf_counter() - start
+
+    for options in modes.values():
+        seconds(short, options)  # the first run of each: kernels, caches
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    for _ in range(rounds):
+        for mode, options in modes.items():
+            times[mode].append((seconds(long, options) - seconds(short, options))
+                               / (long - short))
+    per_round = np.asarray(times["setgrpo, every linear layer"]) / np.asarray(times["grpo"])
+    return [f"  {mode:<30} {np.median(t) * 1e3:8.1f} ms per step (median of {rounds} rounds, "
+            f"each {long} - {short} steps)" for mode, t in times.items()] + [
+        f"  setgrpo, every linear layer: {np.median(per_round):.2f}x grpo's step (paired "
+        f"median; rounds {', '.join(f'{r:.2f}' for r in per_round)})"]
+
+
 class _Notes(list[str]):
     """Notes computed from the rounds, after they ran (see ``_lazy``)."""
 
@@ -353,4 +408,8 @@ def cases(quick: bool) -> list[Case]:
                           "tokens, TRL's defaults (checkpointing on), one torch thread", {}, "",
                           target=SETGRPO_TARGET),
                      lambda: _setgrpo_case(quick)))
+    out.append(Case(f"TRL integration: trainer.train() steps on a Llama of hidden {hidden}, "
+                    f"{layers} blocks, {prompts} groups of {g}, {length} completion tokens, "
+                    "TRL's defaults (checkpointing on), one torch thread", {}, "",
+                    target=SETGRPO_TARGET, report=lambda: _train_report(quick)))
     return out
