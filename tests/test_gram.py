@@ -953,27 +953,30 @@ class Checkpointed(nn.Module):
         return checkpoint(self.model, ids, attention_mask, use_reentrant=False)
 
 
-def architecture(kind: str, checkpointing: bool) -> nn.Module:
+def architecture(kind: str, checkpointing: bool | str) -> nn.Module:
     """The float64 models of this file, optionally under non-reentrant checkpointing (per
     block for transformers' models, as gradient_checkpointing_enable sets it; the whole
-    forward for the others)."""
+    forward for the others), or (``"reentrant"``, transformers' models) reentrant."""
     model = tiny_gpt2() if kind == "gpt2" else make_model(kind)
     if not checkpointing:
         return model
     if kind in ("llama", "gpt2"):
         model.model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False})
+            gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
         model.model.config.use_cache = False
         return model.train()  # transformers checkpoints in training mode only (no dropout)
     return Checkpointed(model)
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-@pytest.mark.parametrize("kind", ["mlp", "transformer", "llama", "lora", "gpt2"])
-def test_streaming_gram_equals_brute_force(kind: str, checkpointing: bool) -> None:
+@pytest.mark.parametrize(("kind", "checkpointing"), [
+    (kind, checkpointing) for checkpointing in (False, True)
+    for kind in ("mlp", "transformer", "llama", "lora", "gpt2")] + [
+    ("llama", "reentrant"), ("gpt2", "reentrant")])
+def test_streaming_gram_equals_brute_force(kind: str, checkpointing: bool | str) -> None:
     # Each layer's δ is consumed as the backward reaches it; under checkpointing its input
-    # comes from the recomputation. Exact and sketched (a sketch as wide as every weight
-    # is exact) against brute force on the model without checkpointing.
+    # comes from the recomputation (transformers' reentrant checkpointing runs
+    # non-reentrant under the capture). Exact and sketched (a sketch as wide as every
+    # weight is exact) against brute force on the model without checkpointing.
     if kind in ("llama", "gpt2"):
         pytest.importorskip("transformers")
     model = architecture(kind, checkpointing)
