@@ -241,9 +241,9 @@ def as_batch(rewards: Any, offsets: Any, group_ids: Any, *, name: str = "rewards
             f"got {index.order.size}."
         )
     order = index.order
-    if order.size and order[0] == 0 and order[-1] == order.size - 1 and (
-            np.diff(order) == 1).all():
-        # Labels already grouped (verl's usual layout): no gather now, no scatter back.
+    if (order[1:] > order[:-1]).all():
+        # Labels already grouped (verl's usual layout): a permutation in increasing order
+        # is the identity, so no gather now, no scatter back.
         return Batch(np.ascontiguousarray(values), index.offsets)
     return Batch(np.ascontiguousarray(values[order]), index.offsets, order=order)
 
