@@ -107,13 +107,13 @@ def _open_stream(path: Path, compression: str | None, limit: int | None = None
     given) and the raw file (for progress)."""
     pa = _pa()
     f, _ = _open(path)
+    if compression is None:  # read as it is: the Python file reads without pyarrow's copy
+        return f, f
     try:
         raw = pa.PythonFile(f, mode="r")
     except BaseException:
         f.close()
         raise
-    if compression is None:
-        return raw, raw
     stream = pa.CompressedInputStream(raw, compression)
     return (stream if limit is None else _Capped(stream, limit)), raw
 
