@@ -387,7 +387,7 @@ def select_threshold(
     ablation = ablation_iv(reward_condition, recovery, discard, seed)
     radii = np.full(taus.shape, sets.rho)
     if selective is not None:
-        check_selective(selective, sets.calibration)
+        check_selective(selective, sets.calibration, recovery, discard)
         radii = np.array([selective.gate_radius(float(t)) for t in taus])
     accepted = np.zeros((sets.n_groups, taus.size), dtype=bool)
     eta = np.zeros(accepted.shape)
@@ -477,7 +477,7 @@ def setgrpo(
     sets = coefficient_sets(rewards, offsets, group_ids=group_ids, calibration=calibration,
                             noise_var=noise_var)
     if selective is not None:
-        check_selective(selective, calibration)
+        check_selective(selective, calibration, recovery, discard)
         if tau is not None:
             sets = sets.at_radius(selective.gate_radius(tau))
     if tau is not None:
@@ -492,11 +492,18 @@ def setgrpo(
                         accepted=np.zeros(n_groups, dtype=bool))
 
 
-def check_selective(selective: Any, calibration: SetCalibration) -> None:
-    """A selective gate built on ``calibration`` (the sets' own)."""
+def check_selective(selective: Any, calibration: SetCalibration, recovery: bool,
+                    discard: str) -> None:
+    """A selective gate built on ``calibration`` (the sets' own), for the gate it was
+    calibrated on: with recovery, discarding by the gate."""
     if not isinstance(selective, SelectiveCalibration):
         raise TypeError("`selective` must be a SelectiveCalibration from calibrate_selective; "
                         f"got {type(selective).__name__}.")
+    if not recovery or discard != "gate":
+        # its radii cover among the groups SetGRPO's own gate accepts, not an ablation's
+        raise ValueError("`selective` was calibrated for SetGRPO's gate (recovery=True, "
+                         "discard='gate'); the ablations accept other groups, among which "
+                         "its radii are not calibrated: leave `selective` out for them.")
     if selective.gate != "selective":
         raise ValueError("`selective` has gate='marginal', which leaves the gate as it is: "
                          "build the covering sets with CoefficientSets.at_radius instead.")

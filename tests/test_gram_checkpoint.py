@@ -119,6 +119,48 @@ def test_reentrant_checkpointing_sketched_rows_are_the_non_reentrant_ones() -> N
     assert torch.equal(rows[0], rows[1])
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"use_reentrant": None}, {"use_reentrant": 1}])
+def test_checkpointing_reentrant_by_torchs_default_is_swapped(kwargs: dict) -> None:
+    # torch checkpoints reentrant when use_reentrant is not given or None (with a warning),
+    # and when it is any true value
+    pytest.importorskip("transformers")
+    model = make_model("llama")
+    model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.model.config.use_cache = False
+    model.train()
+    batch = make_batch(6, vocab=24)
+    gram, capture = captured(model, batch, LAYOUTS["dense"])
+    assert len(capture.layers) == 15
+    model.model.gradient_checkpointing_disable()
+    expected = layout_blocks(brute_force(model, batch, capture.parameters()), LAYOUTS["dense"])
+    assert relative_error(gram, expected) <= EXACT
+
+
+def test_a_capture_failing_while_it_swaps_puts_back_what_it_swapped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    import advcal.torch._checkpointing as ck
+
+    model = checkpointed_llama(reentrant=True)
+    layers = [m for m in model.modules() if "_gradient_checkpointing_func" in m.__dict__]
+    before = [m._gradient_checkpointing_func for m in layers]
+    made = []
+
+    class Failing(ck.NonReentrant):
+        def __init__(self, original: object) -> None:
+            made.append(original)
+            if len(made) == 2:
+                raise RuntimeError("no more")
+            super().__init__(original)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ck, "NonReentrant", Failing)
+    with pytest.raises(RuntimeError, match="no more"), GradientCapture(model):
+        pass
+    assert len(made) == 2 < len(layers)
+    assert all(m._gradient_checkpointing_func is b for m, b in zip(layers, before,
+                                                                    strict=True))
+
+
 def _gradients(model: nn.Module, batch: tuple[torch.Tensor, ...], capture: bool
                ) -> list[torch.Tensor]:
     """The trainer's gradient of a weighted loss, with or without a capture's gram() first."""

@@ -328,3 +328,24 @@ def test_the_result_checks_its_invariants() -> None:
             SelectiveCalibration(**{**fields, **change})
     with pytest.raises(ValueError, match="on the selective calibration's grid"):
         sel.radius(0.5)
+
+
+@pytest.mark.parametrize("ablation", [{"recovery": False}, {"discard": "matched-random",
+                                                            "seed": 0}])
+def test_the_selective_gate_is_refused_with_an_ablation(ablation: dict) -> None:
+    # Its radii cover among the groups SetGRPO's own gate accepts; an ablation accepts
+    # others.
+    cal = calibrate_sets(*paired_scorings(400, 4, scale=0.02, seed=0).scores, alpha=0.2)
+    data = paired_scorings(60, 4, scale=0.02, seed=1)
+    gram = gram_matrices(60, 4, seed=2).gram
+    sel = calibrate_selective(data.a, data.b, gram=gram, calibration=cal,
+                              thresholds=[0.0, 0.2], gate="selective", delta=0.1)
+    batch = paired_scorings(8, 4, scale=0.02, seed=3)
+    with pytest.raises(ValueError, match="`selective` was calibrated for SetGRPO's gate"):
+        setgrpo(batch.a, gram=gram[:8], calibration=cal, tau=0.2, selective=sel, **ablation)
+    with pytest.raises(ValueError, match="`selective` was calibrated for SetGRPO's gate"):
+        select_threshold(coefficient_sets(batch.a, calibration=cal), gram[:8],
+                         grpo(batch.b), thresholds=[0.0, 0.2], beta=0.2, delta=0.1,
+                         selective=sel, **ablation)
+    # without the ablation the same call runs
+    setgrpo(batch.a, gram=gram[:8], calibration=cal, tau=0.2, selective=sel)

@@ -58,11 +58,12 @@ OUTPUTS = ("numpy", "tensor")
 
 
 _REENTRANT = (
-    "torch.utils.checkpoint.checkpoint(..., use_reentrant=True), called by the model's own "
-    "code, runs the checkpointed forward without gradients and cannot be differentiated "
-    "by torch.autograd.grad; call it with use_reentrant=False, or enable checkpointing "
-    "through transformers' gradient_checkpointing_enable (which the capture runs "
-    "non-reentrant whatever its use_reentrant).")
+    "reentrant checkpointing (torch.utils.checkpoint.checkpoint(..., use_reentrant=True)) "
+    "runs the checkpointed forward without gradients and cannot be differentiated by "
+    "torch.autograd.grad; a capture runs the checkpointing that transformers' "
+    "gradient_checkpointing_enable sets non-reentrant while it records, but not a call in "
+    "the model's own code (give it use_reentrant=False) nor one made after the capture "
+    "that swapped it exited.")
 
 
 def _reentrant_checkpoint(fn: Any) -> bool:
@@ -222,7 +223,7 @@ class GradientCapture:
         try:
             # transformers' reentrant checkpointing, whose layers no backward could reach
             # with torch.autograd.grad, recorded as non-reentrant (the same gradients)
-            self._swapped = run_non_reentrant(self._model)
+            run_non_reentrant(self._model, self._swapped)
             for index, layer in enumerate(self._layers):
                 self._handles.append(layer.module.register_forward_hook(
                     self._hook(index), with_kwargs=True))

@@ -23,10 +23,13 @@ ATTRIBUTE = "_gradient_checkpointing_func"
 
 def _reentrant(fn: Any) -> bool:
     """Whether ``fn`` is ``functools.partial(torch.utils.checkpoint.checkpoint, ...)``
-    whose checkpoints are reentrant (torch's choice when ``use_reentrant`` is not given)."""
+    whose checkpoints are reentrant: ``use_reentrant`` true, or not given or None (torch's
+    choice then, with a warning)."""
     checkpoint = _torch().utils.checkpoint.checkpoint
-    return (isinstance(fn, functools.partial) and fn.func is checkpoint and not fn.args
-            and fn.keywords.get("use_reentrant", True) is True)
+    if not (isinstance(fn, functools.partial) and fn.func is checkpoint and not fn.args):
+        return False
+    flag = fn.keywords.get("use_reentrant")
+    return flag is None or bool(flag)
 
 
 class NonReentrant:
@@ -47,16 +50,15 @@ class NonReentrant:
         return self.original.func(function, *args, **options)
 
 
-def run_non_reentrant(model: Any) -> list[tuple[Any, Any]]:
+def run_non_reentrant(model: Any, swapped: list[tuple[Any, Any]]) -> None:
     """Give every submodule of ``model`` with a reentrant checkpointing function the
-    non-reentrant one; returns what :func:`restore` needs to put them back."""
-    swapped = []
+    non-reentrant one, appending to ``swapped`` what :func:`restore` needs to put each
+    back (as it goes, so that an error part-way leaves nothing it cannot restore)."""
     for module in model.modules():
         fn = module.__dict__.get(ATTRIBUTE)
         if fn is not None and _reentrant(fn):
-            setattr(module, ATTRIBUTE, NonReentrant(fn))
             swapped.append((module, fn))
-    return swapped
+            setattr(module, ATTRIBUTE, NonReentrant(fn))
 
 
 def restore(swapped: list[tuple[Any, Any]]) -> None:
