@@ -119,6 +119,22 @@ def test_reentrant_checkpointing_sketched_rows_are_the_non_reentrant_ones() -> N
     assert torch.equal(rows[0], rows[1])
 
 
+def test_objectives_reached_by_no_trainable_parameter_name_the_likely_cause() -> None:
+    # Every trainable parameter inside reentrant checkpoints whose inputs need no gradient
+    # (adapters behind a frozen embedding without enable_input_require_grads): the
+    # objectives depend on nothing trainable, in the trainer's own backward too.
+    pytest.importorskip("transformers")
+    model = checkpointed_llama(reentrant=True)
+    model.model.disable_input_require_grads()
+    inner = model.model.model
+    for p in [*inner.embed_tokens.parameters(), *inner.norm.parameters(),
+              *model.model.lm_head.parameters()]:
+        p.requires_grad_(False)
+    with pytest.warns(UserWarning, match="requires_grad"), \
+            pytest.raises(ValueError, match="no grad_fn.*enable_input_require_grads"):
+        captured(model, make_batch(6, vocab=24), LAYOUTS["dense"])
+
+
 @pytest.mark.parametrize("kwargs", [{}, {"use_reentrant": None}, {"use_reentrant": 1}])
 def test_checkpointing_reentrant_by_torchs_default_is_swapped(kwargs: dict) -> None:
     # torch checkpoints reentrant when use_reentrant is not given or None (with a warning),

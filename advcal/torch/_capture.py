@@ -421,7 +421,10 @@ class GradientCapture:
             raise TypeError(f"`objectives` must be floating point; got {objectives.dtype}.")
         if objectives.grad_fn is None:
             raise ValueError("`objectives` has no grad_fn: compute it from the forward pass "
-                             "under the capture, with gradients enabled.")
+                             "under the capture, with gradients enabled (it depends on no "
+                             "parameter that needs a gradient: with every trainable one "
+                             "inside reentrant checkpoints whose inputs need none, call the "
+                             "model's enable_input_require_grads()).")
         return int(objectives.shape[0])
 
     def _run(self, objectives: Any, n: int, tokens: Any, start: tuple[Any, Any] | None,
