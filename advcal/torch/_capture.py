@@ -36,7 +36,12 @@ from advcal.torch._accumulate import (
     _Rows,
     _sketch_sides,
 )
-from advcal.torch._checkpointing import restore, run_non_reentrant
+from advcal.torch._checkpointing import (
+    REENTRANT,
+    reentrant_below,
+    restore,
+    run_non_reentrant,
+)
 from advcal.torch._layers import LayerSelection, _by_rule, _resolve_layers, _torch
 from advcal.torch._packing import _Packing
 from advcal.torch._stream import (
@@ -55,31 +60,6 @@ SKETCHES = ("gaussian", "rademacher")
 
 
 OUTPUTS = ("numpy", "tensor")
-
-
-_REENTRANT = (
-    "reentrant checkpointing (torch.utils.checkpoint.checkpoint(..., use_reentrant=True)) "
-    "runs the checkpointed forward without gradients and cannot be differentiated by "
-    "torch.autograd.grad; a capture runs the checkpointing that transformers' "
-    "gradient_checkpointing_enable sets non-reentrant while it records, but not a call in "
-    "the model's own code (give it use_reentrant=False) nor one made after the capture "
-    "that swapped it exited.")
-
-
-def _reentrant_checkpoint(fn: Any) -> bool:
-    """Whether the autograd graph below ``fn`` holds a reentrant checkpoint node
-    (torch.utils.checkpoint's CheckpointFunction)."""
-    seen = {id(fn)}
-    stack = [fn]
-    while stack:
-        node = stack.pop()
-        if type(node).__name__ == "CheckpointFunctionBackward":
-            return True
-        for nxt, _ in getattr(node, "next_functions", ()):
-            if nxt is not None and id(nxt) not in seen:
-                seen.add(id(nxt))
-                stack.append(nxt)
-    return False
 
 
 class GradientCapture:
@@ -444,10 +424,10 @@ class GradientCapture:
                 if id(call.node) in reach or call.view]
         silent = {i for i, recs in enumerate(records) if not recs}
         hidden = sorted(silent & self._nograd)
-        if hidden and _reentrant_checkpoint(objectives.grad_fn):
+        if hidden and reentrant_below(objectives.grad_fn):
             names = [self._layers[i].name for i in hidden]
             raise ValueError(f"`layers`: {_shorten(names)} ran inside reentrant activation "
-                             f"checkpointing, so K cannot cover them. {_REENTRANT}")
+                             f"checkpointing, so K cannot cover them. {REENTRANT}")
         if not flat:
             raise ValueError("`objectives` was not produced under the capture: no selected "
                              "layer ran with gradients enabled inside the `with` block.")
@@ -526,7 +506,7 @@ class GradientCapture:
                 # autograd.grad through the checkpoint, which that mode cannot do
                 raise ValueError("a covered layer's gradient flows through reentrant "
                                  "activation checkpointing, so K cannot be computed. "
-                                 f"{_REENTRANT}") from exc
+                                 f"{REENTRANT}") from exc
             raise
         finally:
             for handle in handles:

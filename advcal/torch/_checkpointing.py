@@ -8,7 +8,8 @@ and give the same gradients; the non-reentrant one can be differentiated by
 ``torch.autograd.grad``.  So while a capture records, every module whose checkpointing
 function (``_gradient_checkpointing_func``, set by ``gradient_checkpointing_enable``) is
 reentrant ``torch.utils.checkpoint.checkpoint`` gets the non-reentrant one, and its own is
-put back when the capture's ``with`` block ends.
+put back when the capture's ``with`` block ends.  A reentrant checkpoint the capture could
+not swap (one the model's own code calls) is found in the graph and refused.
 """
 
 from __future__ import annotations
@@ -19,6 +20,31 @@ from typing import Any
 from advcal.torch._layers import _torch
 
 ATTRIBUTE = "_gradient_checkpointing_func"
+
+# Why a reentrant checkpoint that is still there (one the capture could not swap) is refused.
+REENTRANT = (
+    "reentrant checkpointing (torch.utils.checkpoint.checkpoint(..., use_reentrant=True)) "
+    "runs the checkpointed forward without gradients and cannot be differentiated by "
+    "torch.autograd.grad; a capture runs the checkpointing that transformers' "
+    "gradient_checkpointing_enable sets non-reentrant while it records, but not a call in "
+    "the model's own code (give it use_reentrant=False) nor one made after the capture "
+    "that swapped it exited.")
+
+
+def reentrant_below(fn: Any) -> bool:
+    """Whether the autograd graph below the node ``fn`` holds a reentrant checkpoint
+    (torch.utils.checkpoint's CheckpointFunction)."""
+    seen = {id(fn)}
+    stack = [fn]
+    while stack:
+        node = stack.pop()
+        if type(node).__name__ == "CheckpointFunctionBackward":
+            return True
+        for nxt, _ in getattr(node, "next_functions", ()):
+            if nxt is not None and id(nxt) not in seen:
+                seen.add(id(nxt))
+                stack.append(nxt)
+    return False
 
 
 def _reentrant(fn: Any) -> bool:
