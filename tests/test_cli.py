@@ -519,7 +519,7 @@ def test_bad_files(capsys, tmp_path):
         "bad.jsonl": ('{"group": 1,\n', "no valid rows: skipped 1 bad line (line 1: not "
                       "valid JSON"),
         "list.jsonl": ("[1, 0.5]\n", "line 1: expected a JSON object, got list"),
-        "gid.jsonl": ('{"group": [1], "reward": 1}\n', "line 1: empty group id"),
+        "gid.jsonl": ('{"group": [], "reward": 1}\n', "line 1: empty group id"),
         "nokey.jsonl": ('{"group": 1}\n', "no column 'reward' (found: group)"),
         "empty.jsonl": ("\n\n", "empty file (no rows)"),
         "single.csv": ("group,reward\na,1\nb,0\n", "no group with two or more responses"),

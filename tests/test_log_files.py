@@ -171,6 +171,17 @@ def test_cli_reads_a_folder_and_counts_bad_rows_per_file(tmp_path: Path,
     report = json.loads(capsys.readouterr().out)
     assert [f["responses"] for f in report["files"]] == [16, 16]
     assert report["groups"] == 8
+    # one file: the same entry, for scripts that read every log alike; a folder of one file
+    # says so in the singular
+    one = folder / "completions_00001.parquet"
+    assert main(["diagnose", str(one), *options, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["files"] == [
+        {"file": str(one), "responses": 16, "groups": 4, "bad_rows": 0}]
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    one.rename(lone / one.name)
+    assert main(["diagnose", str(lone), *options]) == 0
+    assert "1 file: 16 responses in 4 groups" in capsys.readouterr().out
     # Without naming the reward functions: one line, exit 2.
     assert main(["diagnose", str(folder), "--preset", "trl", "--no-progress"]) == 2
     err = capsys.readouterr().err

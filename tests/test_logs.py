@@ -183,6 +183,44 @@ def test_jsonl_ids_keep_their_json_type(tmp_path):
     assert log.bad_rows.examples == ((4, "empty group id in column 'group'"),)
 
 
+def chat(text: str, system: bool = False) -> list[dict]:
+    """A conversational prompt as TRL logs it: its list of messages."""
+    return ([{"role": "system", "content": "be brief"}] if system else []) + [
+        {"role": "user", "content": text}]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_chat_prompts_are_group_ids(tmp_path, kind):
+    # TRL logs a conversational prompt as its list of messages: equal lists are one group
+    # (anywhere in the step, as equal strings are), other lists are other groups, an empty
+    # list names no group.
+    prompts = [chat("q"), chat("q"), chat("r"), chat("q", system=True), chat("r"),
+               chat("q"), [], chat("q", system=True)]
+    frame = {"step": [3] * len(prompts), "prompt": prompts,
+             "reward": [0.5 * i for i in range(len(prompts))]}
+    if kind == "parquet":
+        path = tmp_path / "completions_00003.parquet"
+        pq.write_table(pa.table(frame), path)
+    else:
+        path = write_jsonl(tmp_path / "log.jsonl",
+                           [dict(zip(frame, row, strict=True)) for row in
+                            zip(*frame.values(), strict=True)])
+    log = read_log(path, group_cols=("step", "prompt"), reward_cols=("reward",))
+    assert flat(log) == [[0.0, 0.5, 2.5], [1.0, 2.0], [1.5, 3.5]]
+    assert log.bad_rows.examples == ((7, "empty group id in column 'prompt'"),)
+
+
+def test_chat_prompt_ids_ignore_key_order_and_never_equal_a_string(tmp_path):
+    same = [{"role": "user", "content": "q"}]
+    reordered = [{"content": "q", "role": "user"}]
+    rows = [{"g": same, "reward": 0.0}, {"g": reordered, "reward": 1.0},
+            {"g": json.dumps(same), "reward": 2.0}, {"g": {"role": "user"}, "reward": 3.0},
+            {"g": {"role": "user"}, "reward": 4.0}]
+    log = read_log(write_jsonl(tmp_path / "log.jsonl", rows), group_cols=("g",),
+                   reward_cols=("reward",))
+    assert flat(log) == [[0.0, 1.0], [2.0], [3.0, 4.0]]
+
+
 # --------------------------------------------------------------------------- TRL
 
 

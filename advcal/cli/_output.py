@@ -56,8 +56,10 @@ def print_reads(log: Any) -> None:
     its files' count and each file that had some."""
     files = getattr(log, "files", ())
     if files:
-        print(f"{len(files)} files: {sum(f.responses for f in files)} responses in "
-              f"{sum(f.groups for f in files)} groups (a group never spans files)")
+        responses = sum(f.responses for f in files)
+        groups = sum(f.groups for f in files)
+        print(f"{_count(len(files), 'file')}: {_count(responses, 'response')} in "
+              f"{_count(groups, 'group')} (a group never spans files)")
     if log.bad_rows.count:
         print(log.bad_rows.summary())
         for f in files:
@@ -66,10 +68,19 @@ def print_reads(log: Any) -> None:
                       f"{'s' if f.bad_rows.count != 1 else ''}")
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def files_json(log: Any) -> list[dict[str, Any]]:
-    """Each file of a log read from several: its responses, groups and bad rows."""
+    """Each file of the log (one for a log read from one): its responses, groups and bad
+    rows."""
+    files = getattr(log, "files", ())
+    if not files:
+        return [{"file": log.path, "responses": int(log.rewards.size),
+                 "groups": log.n_groups, "bad_rows": log.bad_rows.count}]
     return [{"file": f.path, "responses": f.responses, "groups": f.groups,
-             "bad_rows": f.bad_rows.count} for f in getattr(log, "files", ())]
+             "bad_rows": f.bad_rows.count} for f in files]
 
 
 # --------------------------------------------------------------------------- progress

@@ -28,12 +28,13 @@ def _key_type() -> Any:
     return pa.dictionary(pa.int32(), pa.string())
 
 
-def _keys_arrow(array: Any) -> Any:
+def _keys_arrow(array: Any, nested: bool = True) -> Any:
     """Group ids as a dictionary array of strings (null: no id).
 
     Strings stay as they are; other scalars are tagged with their type ("\\x00int:1"), so
     JSON's 1, 1.0, true and "1" are four groups.  The dictionaries of all batches are
-    unified once at the end, in C++: no id passes through Python.
+    unified once at the end, in C++: no id passes through Python, but for lists and structs
+    (``nested``: a chat prompt's messages), keyed by their JSON text.
     """
     pa = _pa()
     import pyarrow.compute as pc
@@ -60,9 +61,11 @@ def _keys_arrow(array: Any) -> Any:
             return encoded
         array = pc.if_else(pc.equal(array, ""), pa.scalar(None, t), array)  # "": no id
         return pc.dictionary_encode(array).cast(_key_type())
+    if pa.types.is_nested(t):  # lists, structs (TRL's chat prompts): their JSON text
+        return _keys_python(array.to_pylist(), nested)
     tag = ("int" if pa.types.is_integer(t) else "float" if pa.types.is_floating(t)
            else "bool" if pa.types.is_boolean(t) else None)
-    if tag is None:  # lists, structs: no group id
+    if tag is None:  # binary, dates and other scalars: no group id
         return pa.nulls(len(array), _key_type())
     if tag == "float":  # NaN and infinities name no group
         array = pc.if_else(pc.is_finite(array), array, pa.scalar(None, t))
@@ -91,14 +94,28 @@ def _compact(array: Any) -> Any:
     return pa.DictionaryArray.from_arrays(indices, array.dictionary.take(used))
 
 
-def _keys_python(values: Sequence[Any]) -> Any:
-    """:func:`_keys_arrow` of Python values (the JSON lines parsed one by one)."""
+def _json_key(value: list[Any] | dict[Any, Any]) -> str | None:
+    """The key of a nested group id (a list of chat messages): its JSON text with sorted
+    keys, tagged so that it never equals a string id; None (no id) when it is empty."""
+    if not value:
+        return None
+    try:
+        return "\x00json:" + json.dumps(value, sort_keys=True, separators=(",", ":"),
+                                         ensure_ascii=False, default=repr)
+    except RecursionError:  # nested beyond what the encoder follows: no id
+        return None
+
+
+def _keys_python(values: Sequence[Any], nested: bool = True) -> Any:
+    """:func:`_keys_arrow` of Python values (the JSON lines parsed one by one).  With
+    ``nested`` false (labels, which stay scalars) a list or an object names nothing."""
     pa = _pa()
     keys: list[str | None] = []
     for v in values:
-        if v is None or v == "" or isinstance(v, (list, dict)) or (
-                isinstance(v, float) and not math.isfinite(v)):
+        if v is None or v == "" or (isinstance(v, float) and not math.isfinite(v)):
             keys.append(None)
+        elif isinstance(v, (list, dict)):
+            keys.append(_json_key(v) if nested else None)
         elif isinstance(v, str):
             keys.append(v)
         elif isinstance(v, bool):
@@ -313,7 +330,7 @@ def _floats_python(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
 def _digest_arrow(digest: _Digest, plan: _Plan, batch: Any, lines: np.ndarray) -> None:
     codes, flagged = [], []
     for c in plan.group_cols:
-        keys, mask = _utf8_checked(_keys_arrow(batch.column(c)))
+        keys, mask = _utf8_checked(_keys_arrow(batch.column(c), plan.grouped))
         codes.append(keys)
         if mask is not None:
             flagged.append((mask, f"{plan.key_name} in column {c!r} is not UTF-8 text"))

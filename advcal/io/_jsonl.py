@@ -228,7 +228,8 @@ class _JsonBlocks:
 
     def _python_rows(self, rows: list[dict[str, Any]], lines: list[int]) -> None:
         plan, digest = self.plan, self.digest
-        codes = [_keys_python([r.get(c) for r in rows]) for c in plan.group_cols]
+        codes = [_keys_python([r.get(c) for r in rows], plan.grouped)
+                 for c in plan.group_cols]
         values, unparsable, raw = [], [], []
         for c in plan.value_cols:
             column = [r.get(c) for r in rows]

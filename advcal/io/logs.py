@@ -419,8 +419,9 @@ def _key_value(key: str) -> Any:
     if not key.startswith("\x00"):
         return key
     tag, _, text = key[1:].partition(":")
+    # a nested id (chat messages) stands for its JSON text
     parse: dict[str, Callable[[str], Any]] = {"int": int, "float": float,
-                                              "bool": lambda t: t == "true"}
+                                              "bool": lambda t: t == "true", "json": str}
     try:
         return parse[tag](text)
     except (KeyError, ValueError):  # a string that starts with NUL itself
