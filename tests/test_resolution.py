@@ -155,6 +155,25 @@ def test_overflowing_rewards_are_an_error(backend):
         maxnorm([[-1.5e308, 1.5e308]], tau_res=0.01, backend=backend)
 
 
+@pytest.mark.parametrize("rewards", [[1e308, 0.0, 1.7976931348623157e308, 0.0],
+                                     [1.7e308, 1.7e308, 1.6e308, 1.75e308],
+                                     [-1e308, -1e308, 0.0, -1.5e308, 0.5e308]])
+def test_rewards_whose_sum_overflows_but_not_their_advantages(backend, rewards):
+    # Near the largest doubles the group's sum overflows in some orders (the numba engine's
+    # vectorized one, here) while every deviation, their mean and the advantages are finite:
+    # both engines give the exact advantages (exact rationals, rounded once).
+    from fractions import Fraction
+
+    r = [Fraction(v) for v in rewards]
+    n = len(r)
+    u = [(v - (sum(r) - v) / (n - 1)) for v in r]  # RLOO: each minus the mean of the others
+    scale = max(abs(x) for x in u)
+    expected = [float(x / scale) for x in u]
+    got = maxnorm([rewards], tau_res=0.01, backend=backend)[0]
+    # a handful of roundings of deviations of size up to the scale, over the scale
+    np.testing.assert_allclose(got, expected, rtol=0, atol=8 * n * 2.0 ** -52)
+
+
 def test_resolve_rewards_hand_example(backend):
     # delta 0.25: 0.1 -> 0, 0.13 -> 0.25, 0.9 -> 1; ties go to the even bin:
     # 0.125 / 0.25 = 0.5 -> 0, 0.375 / 0.25 = 1.5 -> 2

@@ -68,8 +68,8 @@ def _weight(b, shift, mean, factor, s, dead_zone):
 
 
 @njit(inline="always")
-def _group_scale(n, shift, total, bmin, bmax, tau, loo, dead_zone, raw_singletons):
-    """(shift, mean, factor, s) of a group of n valid rewards from their sum minus
+def _group_scale(n, shift, mean, bmin, bmax, tau, loo, dead_zone, raw_singletons):
+    """(shift, mean, factor, s) of a group of n valid rewards from their mean minus
     ``shift`` and their extremes (u increases with b, so they give max |u|).  No advantages
     (factor 0, s = tau) below two responses, unless a lone one keeps its reward (verl)."""
     if n == 0:
@@ -77,7 +77,6 @@ def _group_scale(n, shift, total, bmin, bmax, tau, loo, dead_zone, raw_singleton
     if n == 1 and raw_singletons:
         shift, mean, factor = 0.0, 0.0, 1.0
     else:
-        mean = total / n
         factor = (n / (n - 1.0) if loo else 1.0) if n >= 2 else 0.0
     m = max(abs(_dead(_minus(_minus(bmin, shift), mean) * factor, dead_zone)),
             abs(_dead(_minus(_minus(bmax, shift), mean) * factor, dead_zone)))
@@ -86,7 +85,7 @@ def _group_scale(n, shift, total, bmin, bmax, tau, loo, dead_zone, raw_singleton
 
 @njit(inline="always")
 def _stats(x, a, b, omit_nan):
-    """(count, shift, sum minus the shift, smallest, largest) of the valid ``x[a:b]``.  The
+    """(count, shift, mean minus the shift, smallest, largest) of the valid ``x[a:b]``.  The
     shift is the first valid value (a zero-gap group centers to exact 0); an omitted NaN
     stands in as the shift, adding 0 and moving no extreme."""
     start = a
@@ -103,7 +102,17 @@ def _stats(x, a, b, omit_nan):
         total += _minus(v, shift)
         klo = min(klo, _key(v))
         khi = max(khi, _key(v))
-    return b - a - nans, shift, total, _unkey(klo), _unkey(khi)
+    n = b - a - nans
+    mean = total / max(n, 1.0)
+    if not math.isfinite(total):
+        # The sum overflowed (in the vectorizer's order, near the largest doubles), or a
+        # value is not finite.  The deviations over n add up to at most the largest one:
+        # their sum overflows only where a deviation does.
+        mean = 0.0
+        for i in range(a, b):
+            v = np.float64(x[i])
+            mean += 0.0 if omit_nan and math.isnan(v) else _minus(v, shift) / n
+    return n, shift, mean, _unkey(klo), _unkey(khi)
 
 
 @njit(inline="always")
@@ -115,11 +124,11 @@ def _weights(offsets, scale, keep, x, tau, loo, dead_zone, raw_singletons, lo, h
     n_bad = n_out = 0
     for q in range(offsets.size - 1):
         a, b = np.uint64(offsets[q]), np.uint64(offsets[q + 1])
-        n, shift, total, low, high = _stats(x, a, b, omit_nan)
-        shift, mean, factor, s = _group_scale(n, shift, total, low, high, tau, loo,
+        n, shift, mean, low, high = _stats(x, a, b, omit_nan)
+        shift, mean, factor, s = _group_scale(n, shift, mean, low, high, tau, loo,
                                               dead_zone, raw_singletons)
-        # a NaN or inf among the valid rewards makes their sum NaN or inf
-        n_bad += (not math.isfinite(total)) | (not math.isfinite(s))
+        # a NaN or inf among the valid rewards makes their mean NaN or inf
+        n_bad += (not math.isfinite(mean)) | (not math.isfinite(s))
         n_out += (n > 0) & ((low < lo) | (high > hi))
         if per_group:
             keep[q] = (n >= 2) & (low != high)

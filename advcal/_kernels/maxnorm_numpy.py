@@ -90,7 +90,10 @@ def maxnorm(x, offsets, tau, loo, dead_zone, raw_singletons, lo, hi, clip, delta
             else:
                 # Deviations from a member first: a zero-gap group centers to exact 0.
                 d = b - b[0]
-                u = (d - d.mean()) * (n / (n - 1.0) if loo else 1.0)
+                mean = d.mean()
+                if not np.isfinite(mean):  # the sum overflowed; the mean need not
+                    mean = (d / n).sum()
+                u = (d - mean) * (n / (n - 1.0) if loo else 1.0)
             u = np.where(np.abs(u) < dead_zone, 0.0, u)
             s = max(float(np.max(np.abs(u))), tau)
             w = np.clip(u / s, -1.0, 1.0)
