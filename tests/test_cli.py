@@ -510,6 +510,7 @@ def test_bad_files(capsys, tmp_path):
         "missing.csv": (None, "no such file"),
         "log.parquet": ("x", "the extension says Parquet, but the content is text"),
         "empty.csv": ("", "empty file (no header row)"),
+        "empty.parquet": ("", "empty file (0 bytes)"),
         "header.csv": ("group,reward\n", "no rows"),
         "nocol.csv": ("group,score\na,1\n", "no column 'reward' (found: group, score); pass "
                       "--reward-col NAME and --group-col NAME"),

@@ -166,7 +166,9 @@ def detect_format(path: str | os.PathLike[str], format: str = "auto"
         _pa()  # decompression is pyarrow's
         head = _head(path, compression)
     if not head.strip():
-        raise LogError("empty file (no header row)" if not head else "empty file (no rows)")
+        if head or _extension_format(path) not in (None, "csv"):
+            raise LogError("empty file (no rows)" if head else "empty file (0 bytes)")
+        raise LogError("empty file (no header row)")
     found = _content_format(head)
     by_name = _extension_format(path)
     if format != "auto":
