@@ -55,6 +55,79 @@ def _pa() -> Any:
     return pyarrow
 
 
+# pyarrow turns Python values and numpy arrays into Arrow (pa.array, pa.scalar, a compute
+# function's Python argument) only after asking pandas whether they are pandas objects, and
+# so imports pandas where it is installed: about 0.2 s of every CLI run.  Arrays built from
+# their buffers skip that question.
+
+def _from_numpy(values: np.ndarray) -> Any:
+    """The Arrow array of a 1-d numeric or bool numpy array (no nulls)."""
+    pa = _pa()
+    values = np.ascontiguousarray(values)
+    if values.dtype == np.bool_:
+        data = np.packbits(values, bitorder="little")
+        return pa.Array.from_buffers(pa.bool_(), values.size, [None, pa.py_buffer(data)])
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), values.size,
+                                 [None, pa.py_buffer(values)])
+
+
+def _array(values: Sequence[str | bytes | None], type: Any) -> Any:
+    """The Arrow array of Python strings or bytes (None: null) as ``type`` (string or
+    binary)."""
+    pa = _pa()
+    valid = np.fromiter((v is not None for v in values), bool, len(values))
+    raw = [v.encode() if isinstance(v, str) else v for v in values if v is not None]
+    lengths = np.zeros(len(values), np.int64)
+    lengths[valid] = np.fromiter(map(len, raw), np.int64, len(raw))
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    if offsets[-1] >= 2**31:
+        raise ValueError("over 2 GiB of text in one batch")
+    bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    out = pa.Array.from_buffers(pa.binary(), len(values), [
+        bitmap, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(raw))])
+    return out if type == pa.binary() else out.cast(type)
+
+
+def _numpy(array: Any) -> np.ndarray:
+    """A numpy array of a fixed-width Arrow array (numbers or bools), a read-only view where
+    it can be; null floats are NaN (integers with nulls are not taken)."""
+    pa = _pa()
+    n, at = len(array), array.offset
+    if pa.types.is_dictionary(array.type):
+        raise TypeError("a dictionary array: take its indices")
+    buffers = array.buffers()
+    if pa.types.is_boolean(array.type):
+        out = _bits(buffers[1], at, n)
+    else:
+        dtype = np.dtype(array.type.to_pandas_dtype())
+        out = (np.frombuffer(buffers[1], dtype, count=n, offset=at * dtype.itemsize) if n
+               else np.empty(0, dtype))
+    if array.null_count:
+        if out.dtype.kind != "f":
+            raise ValueError("nulls in an array that is not of floats")
+        out = out.copy()
+        out[~_bits(buffers[0], at, n)] = np.nan
+    return out
+
+
+def _bits(buffer: Any, at: int, n: int) -> np.ndarray:
+    """Bits ``at`` to ``at + n`` of an Arrow bitmap, as bools."""
+    if n == 0:
+        return np.zeros(0, bool)
+    return np.unpackbits(np.frombuffer(buffer, np.uint8), count=at + n,
+                         bitorder="little")[at:].astype(bool)
+
+
+def _scalar(value: str | int | None, type: Any) -> Any:
+    """The Arrow scalar ``value`` (None: null) of ``type`` (a string or an integer type)."""
+    pa = _pa()
+    if value is None:
+        return pa.nulls(1, type)[0]
+    if isinstance(value, str):
+        return _array([value], type)[0]
+    return _from_numpy(np.array([value], np.int64)).cast(type)[0]
+
+
 @dataclass(frozen=True)
 class Preset:
     """Column names of one trainer's logs.

@@ -18,8 +18,12 @@ from advcal.io._common import (
     PRESETS,
     LogError,
     Preset,
+    _array,
+    _from_numpy,
+    _numpy,
     _pa,
     _RowError,
+    _scalar,
 )
 
 
@@ -45,21 +49,22 @@ def _keys_arrow(array: Any, nested: bool = True) -> Any:
     if pa.types.is_dictionary(t):
         if pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type):
             array = _compact(array).cast(_key_type())
-            empty = pc.equal(array.dictionary, "")
+            empty = pc.equal(array.dictionary, _scalar("", pa.string()))
             if not pc.any(empty).as_py():
                 return array
             # "": no id (the dictionary is kept, not decoded: Parquet ids stay encoded)
             blank = pc.is_in(array.indices, value_set=pc.indices_nonzero(empty).cast(
                 pa.int32()))
-            indices = pc.if_else(blank, pa.scalar(None, pa.int32()), array.indices)
+            indices = pc.if_else(blank, _scalar(None, pa.int32()), array.indices)
             return pa.DictionaryArray.from_arrays(indices, array.dictionary)
         array = array.dictionary_decode()
         t = array.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         encoded = pc.dictionary_encode(array).cast(_key_type())
-        if not pc.any(pc.equal(encoded.dictionary, "")).as_py():
+        if not pc.any(pc.equal(encoded.dictionary, _scalar("", pa.string()))).as_py():
             return encoded
-        array = pc.if_else(pc.equal(array, ""), pa.scalar(None, t), array)  # "": no id
+        # "": no id
+        array = pc.if_else(pc.equal(array, _scalar("", t)), _scalar(None, t), array)
         return pc.dictionary_encode(array).cast(_key_type())
     if pa.types.is_nested(t):  # lists, structs (TRL's chat prompts): their JSON text
         return _keys_python(array.to_pylist(), nested)
@@ -68,13 +73,16 @@ def _keys_arrow(array: Any, nested: bool = True) -> Any:
     if tag is None:  # binary, dates and other scalars: no group id
         return pa.nulls(len(array), _key_type())
     if tag == "float":  # NaN and infinities name no group
-        array = pc.if_else(pc.is_finite(array), array, pa.scalar(None, t))
-        text = pc.binary_join_element_wise(f"\x00{tag}:", array.cast(pa.string()), "")
+        array = pc.if_else(pc.is_finite(array), array, _scalar(None, t))
+        text = pc.binary_join_element_wise(_scalar(f"\x00{tag}:", pa.string()),
+                                           array.cast(pa.string()), _scalar("", pa.string()))
         return pc.dictionary_encode(text).cast(_key_type())
     # An integer's or a bool's text is one-to-one with its value: encode the values, and
     # write only the distinct ones as text (the same keys, in the same order).
     encoded = pc.dictionary_encode(array)
-    text = pc.binary_join_element_wise(f"\x00{tag}:", encoded.dictionary.cast(pa.string()), "")
+    text = pc.binary_join_element_wise(_scalar(f"\x00{tag}:", pa.string()),
+                                       encoded.dictionary.cast(pa.string()),
+                                       _scalar("", pa.string()))
     return pa.DictionaryArray.from_arrays(encoded.indices, text).cast(_key_type())
 
 
@@ -89,8 +97,8 @@ def _compact(array: Any) -> Any:
     if len(used) == len(array.dictionary):
         return array
     lookup = np.zeros(len(array.dictionary), np.int32)
-    lookup[used.to_numpy(zero_copy_only=False)] = np.arange(len(used), dtype=np.int32)
-    indices = pc.take(pa.array(lookup), array.indices)
+    lookup[_numpy(used)] = np.arange(len(used), dtype=np.int32)
+    indices = pc.take(_from_numpy(lookup), array.indices)
     return pa.DictionaryArray.from_arrays(indices, array.dictionary.take(used))
 
 
@@ -122,7 +130,7 @@ def _keys_python(values: Sequence[Any], nested: bool = True) -> Any:
             keys.append(f"\x00bool:{str(v).lower()}")
         else:
             keys.append(f"\x00{type(v).__name__}:{v!r}")
-    return pa.array(keys, pa.string()).dictionary_encode().cast(_key_type())
+    return _array(keys, pa.string()).dictionary_encode().cast(_key_type())
 
 
 class _Digest:
@@ -169,8 +177,7 @@ class _Digest:
         bad = np.zeros(n, bool)
         for m, _ in flagged:
             bad |= m
-        missing = [np.asarray(g.is_null().to_numpy(zero_copy_only=False), bool)
-                   for g in groups]
+        missing = [_numpy(g.is_null()) for g in groups]
         for m in missing:
             bad |= m
         rewards = values[:self.n_rewards]
@@ -196,7 +203,7 @@ class _Digest:
                 self._example(int(lines[i]), reason)
             self.bad += rows.size
             keep = ~bad
-            mask = _pa().array(keep)
+            mask = _from_numpy(keep)
             groups = [g.filter(mask) for g in groups]
             values = [v[keep] for v in values]
         self.rows += values[0].size if values else 0
@@ -252,9 +259,9 @@ def _floats_arrow(array: Any) -> tuple[np.ndarray, np.ndarray | None]:
         # copied once per row
         array = _compact(array)
         floats, bad = _floats_arrow(array.dictionary)
-        codes = array.indices.fill_null(0).to_numpy(zero_copy_only=False)
+        codes = _numpy(array.indices.fill_null(_scalar(0, array.indices.type)))
         out = floats[codes] if floats.size else np.full(len(array), np.nan)
-        null = np.asarray(array.is_null().to_numpy(zero_copy_only=False), bool)
+        null = _numpy(array.is_null())
         out[null] = np.nan
         if bad is None:
             return out, None
@@ -264,19 +271,17 @@ def _floats_arrow(array: Any) -> tuple[np.ndarray, np.ndarray | None]:
     if pa.types.is_null(t):
         return np.full(len(array), np.nan), None
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
-        floats = pc.cast(array, pa.float64(), safe=False)
-        return floats.to_numpy(zero_copy_only=False).astype(np.float64, copy=False), None
+        return _numpy(pc.cast(array, pa.float64(), safe=False)), None
     if (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
             or pa.types.is_large_binary(t)):
         # pyarrow's cast takes exactly the ASCII spellings _NUMBER takes (bar spaces)
         try:
-            floats = pc.cast(array, pa.float64())
-            return floats.to_numpy(zero_copy_only=False).astype(np.float64, copy=False), None
+            return _numpy(pc.cast(array, pa.float64())), None
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return _floats_python(array.to_pylist())
     # booleans, lists, structs: no reward
     out = np.full(len(array), np.nan)
-    return out, np.asarray(array.is_valid().to_numpy(zero_copy_only=False), bool)
+    return out, _numpy(array.is_valid())
 
 
 def _mostly_numbers(values: Sequence[Any]) -> bool:
@@ -433,6 +438,6 @@ def _utf8_checked(keys: Any) -> tuple[Any, np.ndarray | None]:
             broken.append(k)
             texts[k] = f"\x00bad:{k}".encode()  # distinct, valid, used by no kept row
     indices = keys.indices
-    mask = np.isin(indices.fill_null(-1).to_numpy(zero_copy_only=False), broken)
-    dictionary = pa.array(texts, pa.binary()).cast(pa.string())
+    mask = np.isin(_numpy(indices.fill_null(_scalar(-1, indices.type))), broken)
+    dictionary = _array(texts, pa.binary()).cast(pa.string())
     return pa.DictionaryArray.from_arrays(indices, dictionary), mask

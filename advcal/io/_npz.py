@@ -11,7 +11,7 @@ import numpy as np
 
 from advcal._files import open_regular
 from advcal.io import _npy
-from advcal.io._common import _NPZ_MEMBERS, _NPZ_ROWS, LogError, _pa
+from advcal.io._common import _NPZ_MEMBERS, _NPZ_ROWS, LogError, _array, _from_numpy, _pa
 from advcal.io._detect import _first_line, _open_stream
 from advcal.io._digest import _Digest, _keys_arrow, _Plan
 
@@ -121,12 +121,12 @@ def _read_npz(path: Path, fmt: str, plan_for: Callable[..., _Plan], on_bad_row: 
         for piece_of in group_pieces:
             piece = piece_of(lo, hi)
             if piece.dtype.kind in "iu":
-                codes.append(_keys_arrow(pa.array(piece.astype(np.int64))))
+                codes.append(_keys_arrow(_from_numpy(piece.astype(np.int64))))
             elif piece.dtype.kind in "USb":
                 ids = piece.tolist()
                 if piece.dtype.kind == "S":  # bytes: UTF-8 text, as in the text formats
                     ids = [b.decode() for b in ids]
-                codes.append(_keys_arrow(pa.array(ids)))
+                codes.append(_keys_arrow(_array(ids, pa.string())))
             else:
                 raise LogError(f"{plan.key_name}s must be integers or strings; got "
                                f"{piece.dtype}")

@@ -59,6 +59,9 @@ from advcal.io._common import (
     MissingDependencyError,
     Preset,
     RewardLog,
+    _array,
+    _from_numpy,
+    _numpy,
     _pa,
 )
 from advcal.io._csv import _read_csv
@@ -477,11 +480,12 @@ def _joined(digest: _Digest, *, decode: bool = False
         unified = pa.chunked_array(digest.groups.pop(0), type=_key_type())
         unified = unified.unify_dictionaries()
         pa.default_memory_pool().release_unused()
-        ids = unified.chunk(0).dictionary if unified.num_chunks else pa.array([], pa.string())
+        ids = (unified.chunk(0).dictionary if unified.num_chunks
+               else _array([], pa.string()))
         chunks = [c.indices for c in unified.chunks]
         del unified
         codes = _concat(chunks, np.dtype(np.int32),
-                        lambda a: a.to_numpy(zero_copy_only=False))
+                        _numpy)
         decoded = [_key_value(k) for k in ids.to_pylist()] if decode else []
         keys.append((codes, len(ids), decoded))
         del ids
@@ -586,7 +590,7 @@ def _combined(codes: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
     """A group per combination of several key columns' codes, numbered in order of first
     appearance; pairs are combined and renumbered in turn (hashing, in pyarrow), so the
     combined key never overflows and no sort of all rows is made."""
-    pa = _pa()
+    _pa()
     import pyarrow.compute as pc
 
     group, n_groups = codes[0][0], codes[0][1]
@@ -594,9 +598,9 @@ def _combined(codes: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
         key = group.astype(np.int64)
         key *= n_ids
         key += c
-        encoded = pc.dictionary_encode(pa.array(key))
+        encoded = pc.dictionary_encode(_from_numpy(key))
         del key
-        group = encoded.indices.to_numpy(zero_copy_only=False)
+        group = _numpy(encoded.indices)
         n_groups = len(encoded.dictionary)
         del encoded
     return group, n_groups
