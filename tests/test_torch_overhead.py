@@ -80,6 +80,17 @@ def test_tensors_that_need_converting_give_the_same_numbers(name: str) -> None:
         _assert_same(getattr(act, name)(rewards, **opts), expected)
 
 
+@pytest.mark.parametrize("name", ["grpo", "rloo", "passk", "dr_grpo", "batch_std"])
+def test_dense_rewards_without_options_take_any_tensor(name: str) -> None:
+    """The shortcut for a plain CPU float tensor, and the tensors it must leave to the
+    general path (a subclass, autograd, other layouts), give the numpy function's result."""
+    base = torch.tensor(REWARDS, dtype=torch.float64)
+    for rewards in (base, base.to(torch.float32), base.t().contiguous().t(),
+                    base.clone().requires_grad_(True), torch.nn.Parameter(base.clone()),
+                    base[:, ::2]):
+        _assert_same(getattr(act, name)(rewards), _expected(name, rewards))
+
+
 def test_ragged_layouts_as_tensors() -> None:
     flat = torch.tensor([1.0, 0.0, 0.5, 3.0, 2.0, 2.0, 5.0], dtype=torch.float64)
     offsets = torch.tensor([0, 3, 3, 6, 7])

@@ -19,10 +19,11 @@ _torch_module: Any = None
 _PLAIN_DTYPES: tuple[Any, ...] = ()
 # their numpy twins (native byte order), by torch dtype
 _TWINS: dict[Any, np.dtype[Any]] = {}
+_TENSOR: Any = None  # torch.Tensor once torch is imported
 
 
 def _torch() -> Any:
-    global _torch_module, _PLAIN_DTYPES, _TWINS
+    global _torch_module, _PLAIN_DTYPES, _TWINS, _TENSOR
     if _torch_module is None:  # imported once: import_module costs microseconds a call
         try:
             torch = importlib.import_module("torch")
@@ -33,6 +34,7 @@ def _torch() -> Any:
             ) from None
         _PLAIN_DTYPES = (torch.float32, torch.float64)
         _TWINS = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
+        _TENSOR = torch.Tensor
         _torch_module = torch
     return _torch_module
 
@@ -257,6 +259,15 @@ def _point_estimator(name: str) -> Any:
     def estimator(rewards: Any, offsets: Any = None, *, group_ids: Any = None,
                   **options: Any) -> Any:
         if offsets is None and group_ids is None and not options:  # dense (B, G) rewards
+            if (rewards.__class__ is _TENSOR and rewards.dtype in _PLAIN_DTYPES
+                    and rewards.is_cpu and not rewards.requires_grad):
+                # to_numpy's and from_numpy's first cases, without their calls
+                host = rewards.numpy()
+                result = numpy_function(host)
+                if (result.__class__ is np.ndarray and result.dtype is host.dtype
+                        and result.flags.c_contiguous):
+                    return _torch_module.from_numpy(result)
+                return from_numpy(result, rewards)
             return from_numpy(numpy_function(to_numpy(rewards, "rewards")), rewards)
         if options:
             _check_keywords(numpy_function, accepted, name, options)
