@@ -100,3 +100,27 @@ print("pandas" in sys.modules)
                           check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.sampled_from(["a", "b", "é", "", "ab", "🙂", "c"]),
+                                   max_size=5, unique=True),
+                          st.lists(st.integers(0, 4), max_size=12)), max_size=6))
+def test_codes_over_batches_are_unify_dictionaries_own(
+        batches: list[tuple[list[str], list[int]]]) -> None:
+    from advcal.io.logs import _unified
+
+    arrays = [pa.DictionaryArray.from_arrays(
+        pa.array([i % len(d) for i in rows] if d else [], pa.int32()), pa.array(d, pa.string()))
+        for d, rows in batches]
+    want_codes: np.ndarray = np.zeros(0, np.int32)
+    want_ids: list[str] = []
+    if arrays:
+        unified = pa.chunked_array(arrays, type=arrays[0].type).unify_dictionaries()
+        if unified.num_chunks:
+            want_ids = unified.chunk(0).dictionary.to_pylist()
+            want_codes = np.concatenate([c.indices.to_numpy() for c in unified.chunks])
+    codes, ids = _unified(list(arrays))
+    assert ids.to_pylist() == want_ids
+    assert codes.dtype == np.int32
+    np.testing.assert_array_equal(codes, want_codes)

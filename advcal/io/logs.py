@@ -66,7 +66,7 @@ from advcal.io._common import (
 )
 from advcal.io._csv import _read_csv
 from advcal.io._detect import _open, detect_format
-from advcal.io._digest import _Digest, _key_type, _list, _Plan, _plan
+from advcal.io._digest import _Digest, _list, _Plan, _plan
 from advcal.io._jsonl import _read_jsonl
 from advcal.io._npz import _decompressed_copy, _read_npz
 from advcal.io._parquet import _read_parquet
@@ -477,15 +477,8 @@ def _joined(digest: _Digest, *, decode: bool = False
     # each column's batches are joined into one array as they are dropped, in turn (memory
     # stays near one copy of the kept rows)
     while digest.groups:
-        unified = pa.chunked_array(digest.groups.pop(0), type=_key_type())
-        unified = unified.unify_dictionaries()
+        codes, ids = _unified(digest.groups.pop(0))
         pa.default_memory_pool().release_unused()
-        ids = (unified.chunk(0).dictionary if unified.num_chunks
-               else _array([], pa.string()))
-        chunks = [c.indices for c in unified.chunks]
-        del unified
-        codes = _concat(chunks, np.dtype(np.int32),
-                        _numpy)
         decoded = [_key_value(k) for k in ids.to_pylist()] if decode else []
         keys.append((codes, len(ids), decoded))
         del ids
@@ -497,6 +490,40 @@ def _joined(digest: _Digest, *, decode: bool = False
         raise LogError("no rows (the file holds no responses)" if not bad.count
                        else f"no valid rows: {bad.summary()}")
     return bad, keys, values
+
+
+def _unified(batches: list[Any]) -> tuple[np.ndarray, Any]:
+    """The codes of dictionary-encoded batches (no nulls) over one dictionary, and that
+    dictionary: what ``unify_dictionaries`` gives (the same ids, in order of first
+    appearance along the batches' dictionaries), from one hash pass over the batches'
+    dictionaries put end to end.  Each batch is dropped once its codes are written."""
+    pa = _pa()
+    import pyarrow.compute as pc
+
+    if not batches:
+        return np.zeros(0, np.int32), _array([], pa.string())
+    # large_string: the dictionaries together may hold over 2 GiB of text
+    encoded = pc.dictionary_encode(pa.concat_arrays(
+        [b.dictionary.cast(pa.large_string()) for b in batches]))
+    where = _numpy(encoded.indices)
+    ids = encoded.dictionary
+    del encoded
+    codes = np.empty(sum(len(b) for b in batches), np.int32)
+    pool = pa.default_memory_pool()
+    at = entry = freed = 0
+    batches.reverse()
+    while batches:
+        batch = batches.pop()
+        size = len(batch.dictionary)
+        rows = _numpy(batch.indices)
+        np.take(where[entry:entry + size], rows, out=codes[at:at + rows.size])
+        at += rows.size
+        entry += size
+        del batch, rows
+        if at - freed >= _CHUNK:  # hand the dropped batches back, or they stay resident
+            pool.release_unused()
+            freed = at
+    return codes, ids
 
 
 def _assemble(path: Path, fmt: str, compression: str | None, plan: _Plan, digest: _Digest,
@@ -549,8 +576,7 @@ def _assemble(path: Path, fmt: str, compression: str | None, plan: _Plan, digest
 _CHUNK = 1 << 22  # rows of a full-length array worked on at a time (bounded temporaries)
 
 
-def _concat(chunks: list[Any], dtype: np.dtype, convert: Callable[[Any], np.ndarray] =
-            np.asarray) -> np.ndarray:
+def _concat(chunks: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
     """``np.concatenate`` of ``chunks`` that drops each chunk once copied: the peak is the
     result and one chunk, not twice the result."""
     pool = _pa().default_memory_pool()
@@ -558,7 +584,7 @@ def _concat(chunks: list[Any], dtype: np.dtype, convert: Callable[[Any], np.ndar
     chunks.reverse()
     at = 0
     while chunks:
-        piece = convert(chunks.pop())
+        piece = chunks.pop()
         out[at:at + piece.size] = piece
         at += piece.size
         del piece
