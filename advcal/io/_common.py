@@ -55,10 +55,9 @@ def _pa() -> Any:
     return pyarrow
 
 
-# pyarrow turns Python values and numpy arrays into Arrow (pa.array, pa.scalar, a compute
-# function's Python argument) only after asking pandas whether they are pandas objects, and
-# so imports pandas where it is installed: about 0.2 s of every CLI run.  Arrays built from
-# their buffers skip that question.
+# pyarrow's conversions (pa.array, pa.scalar, to_numpy, a compute function's Python
+# argument) first ask pandas whether a value is a pandas object, importing it where it is
+# installed: a large part of a short CLI run.  Arrays built from buffers skip the question.
 
 def _from_numpy(values: np.ndarray) -> Any:
     """The Arrow array of a 1-d numeric or bool numpy array (no nulls)."""
