@@ -42,6 +42,13 @@ def test_numpy_of_an_arrow_slice_is_pyarrows_own(kind: str, n: int, start: int,
         assert _from_numpy(got).equals(part)
 
 
+def test_arrays_of_either_byte_order_are_their_values() -> None:
+    for kind in (">i8", "<i8", ">f4", "<u2"):
+        values = np.array([1, 2, 300], kind)
+        assert _from_numpy(values).to_pylist() == [1, 2, 300]
+    assert _scalar(2**63, pa.uint64()).as_py() == 2**63
+
+
 def test_numpy_refuses_integers_with_nulls_and_dictionaries() -> None:
     with pytest.raises(ValueError, match="nulls"):
         _numpy(pa.array([1, None], pa.int32()))
@@ -124,3 +131,51 @@ def test_codes_over_batches_are_unify_dictionaries_own(
     assert ids.to_pylist() == want_ids
     assert codes.dtype == np.int32
     np.testing.assert_array_equal(codes, want_codes)
+
+
+def test_bool_ids_and_labels_of_arrays(tmp_path: Path) -> None:
+    """numpy bool group ids and labels are keys of their own, as in JSON (true/false)."""
+    from advcal.io.logs import read_columns, read_log
+
+    path = tmp_path / "log.npz"
+    np.savez(path, rewards=np.array([1.0, 0.0, 0.5, 0.5, 2.0]),
+             group_ids=np.array([True, True, False, False, True]))
+    log = read_log(path)
+    np.testing.assert_array_equal(log.offsets, [0, 3, 5])
+    np.testing.assert_array_equal(log.rewards, [1.0, 0.0, 2.0, 0.5, 0.5])
+    columns = read_columns(path, ["rewards"], label_col="group_ids")
+    assert list(columns.labels) == [True, True, False, False, True]
+
+
+def test_ids_that_are_not_unicode_text_are_bad_rows(tmp_path: Path) -> None:
+    """A JSON id with a lone surrogate escape, or such a numpy string, cannot be UTF-8
+    text: its row is bad, as a CSV id with a stray byte is."""
+    from advcal.io.logs import read_log
+
+    jsonl = tmp_path / "log.jsonl"
+    jsonl.write_text('{"uid": "a", "score": 1}\n{"uid": "\\ud800", "score": 0}\n'
+                     '{"uid": "a", "score": 0.5}\n{"uid": "\\udfff", "score": 3}\n')
+    log = read_log(jsonl, group_cols="uid", reward_cols="score")
+    np.testing.assert_array_equal(log.rewards, [1.0, 0.5])
+    assert log.bad_rows.count == 2
+    assert log.bad_rows.examples[0] == (2, "group id in column 'uid' is not UTF-8 text")
+    npz = tmp_path / "log.npz"
+    np.savez(npz, rewards=np.array([1.0, 0.0, 0.5]), group_ids=np.array(["b", "\ud800", "b"]))
+    log = read_log(npz)
+    np.testing.assert_array_equal(log.rewards, [1.0, 0.5])
+    assert log.bad_rows.count == 1
+
+
+def test_a_date_in_a_reward_column_is_named_in_the_message(tmp_path: Path) -> None:
+    import datetime
+
+    import pyarrow.parquet as pq
+
+    from advcal.io.logs import LogError, read_log
+
+    path = tmp_path / "log.parquet"
+    pq.write_table(pa.table({"prompt": ["p", "p"],
+                             "reward": [datetime.date(2026, 1, 2), datetime.date(2026, 1, 3)]}),
+                   path)
+    with pytest.raises(LogError, match=r"'reward' value \"2026-01-02\" is not a number"):
+        read_log(path, group_cols="prompt", reward_cols="reward")

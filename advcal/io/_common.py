@@ -62,7 +62,7 @@ def _pa() -> Any:
 def _from_numpy(values: np.ndarray) -> Any:
     """The Arrow array of a 1-d numeric or bool numpy array (no nulls)."""
     pa = _pa()
-    values = np.ascontiguousarray(values)
+    values = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("="))
     if values.dtype == np.bool_:
         data = np.packbits(values, bitorder="little")
         return pa.Array.from_buffers(pa.bool_(), values.size, [None, pa.py_buffer(data)])
@@ -72,19 +72,24 @@ def _from_numpy(values: np.ndarray) -> Any:
 
 def _array(values: Sequence[str | bytes | None], type: Any) -> Any:
     """The Arrow array of Python strings or bytes (None: null) as ``type`` (string or
-    binary)."""
+    binary).  Not validated: a string with a lone surrogate (JSON's "\\ud800") keeps its
+    bytes, which are not UTF-8, for :func:`~advcal.io._digest._utf8_checked` to find."""
     pa = _pa()
+    if type not in (pa.string(), pa.binary()):
+        raise TypeError(f"text arrays are string or binary, not {type}")
     valid = np.fromiter((v is not None for v in values), bool, len(values))
-    raw = [v.encode() if isinstance(v, str) else v for v in values if v is not None]
+    raw = [v.encode("utf-8", "surrogatepass") if isinstance(v, str) else v
+           for v in values if v is not None]
+    if not all(isinstance(v, bytes) for v in raw):
+        raise TypeError("text arrays hold str or bytes")
     lengths = np.zeros(len(values), np.int64)
     lengths[valid] = np.fromiter(map(len, raw), np.int64, len(raw))
     offsets = np.concatenate(([0], np.cumsum(lengths)))
     if offsets[-1] >= 2**31:
-        raise ValueError("over 2 GiB of text in one batch")
+        raise LogError("over 2 GiB of text in one batch of ids; pass fewer rows at a time")
     bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    out = pa.Array.from_buffers(pa.binary(), len(values), [
+    return pa.Array.from_buffers(type, len(values), [
         bitmap, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(raw))])
-    return out if type == pa.binary() else out.cast(type)
 
 
 def _numpy(array: Any) -> np.ndarray:
@@ -124,7 +129,7 @@ def _scalar(value: str | int | None, type: Any) -> Any:
         return pa.nulls(1, type)[0]
     if isinstance(value, str):
         return _array([value], type)[0]
-    return _from_numpy(np.array([value], np.int64)).cast(type)[0]
+    return _from_numpy(np.array([value])).cast(type)[0]
 
 
 @dataclass(frozen=True)

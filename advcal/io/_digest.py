@@ -242,7 +242,8 @@ def _show(source: Any, i: int) -> str:
         return repr(float(value))
     if isinstance(value, bytes):  # a CSV cell read as bytes: it may not be UTF-8
         value = value.decode("utf-8", "backslashreplace")
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    # default=str: a date or a timestamp cell
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -333,12 +334,9 @@ def _floats_python(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _digest_arrow(digest: _Digest, plan: _Plan, batch: Any, lines: np.ndarray) -> None:
-    codes, flagged = [], []
-    for c in plan.group_cols:
-        keys, mask = _utf8_checked(_keys_arrow(batch.column(c), plan.grouped))
-        codes.append(keys)
-        if mask is not None:
-            flagged.append((mask, f"{plan.key_name} in column {c!r} is not UTF-8 text"))
+    flagged: list[tuple[np.ndarray, str]] = []
+    codes = [_text_keys(_keys_arrow(batch.column(c), plan.grouped), plan, c, flagged)
+             for c in plan.group_cols]
     values, unparsable, raw = [], [], []
     for c in plan.value_cols:
         column = batch.column(c)
@@ -416,6 +414,16 @@ def _plan(columns: Sequence[str] | None, numeric: Callable[[str], bool], preset:
 def _list(columns: Sequence[str]) -> str:
     shown = ", ".join(str(c) for c in list(columns)[:30])
     return (shown or "none") + (", ..." if len(columns) > 30 else "")
+
+
+def _text_keys(keys: Any, plan: _Plan, column: str,
+               flagged: list[tuple[np.ndarray, str]]) -> Any:
+    """:func:`_utf8_checked` keys of ``column``, the rows of keys that are not UTF-8 text
+    added to ``flagged`` as bad rows."""
+    keys, mask = _utf8_checked(keys)
+    if mask is not None:
+        flagged.append((mask, f"{plan.key_name} in column {column!r} is not UTF-8 text"))
+    return keys
 
 
 def _utf8_checked(keys: Any) -> tuple[Any, np.ndarray | None]:

@@ -22,6 +22,7 @@ from advcal.io._digest import (
     _keys_python,
     _mostly_numbers,
     _Plan,
+    _text_keys,
 )
 
 
@@ -228,8 +229,9 @@ class _JsonBlocks:
 
     def _python_rows(self, rows: list[dict[str, Any]], lines: list[int]) -> None:
         plan, digest = self.plan, self.digest
-        codes = [_keys_python([r.get(c) for r in rows], plan.grouped)
-                 for c in plan.group_cols]
+        flagged: list[tuple[np.ndarray, str]] = []
+        codes = [_text_keys(_keys_python([r.get(c) for r in rows], plan.grouped), plan, c,
+                            flagged) for c in plan.group_cols]
         values, unparsable, raw = [], [], []
         for c in plan.value_cols:
             column = [r.get(c) for r in rows]
@@ -237,7 +239,7 @@ class _JsonBlocks:
             values.append(v)
             unparsable.append(u)
             raw.append(column)
-        digest.add(codes, values, unparsable, raw, np.asarray(lines, np.int64))
+        digest.add(codes, values, unparsable, raw, np.asarray(lines, np.int64), flagged)
 
 
 def _nonblank_lines(block: bytes, start: int) -> np.ndarray | None:

@@ -13,7 +13,7 @@ from advcal._files import open_regular
 from advcal.io import _npy
 from advcal.io._common import _NPZ_MEMBERS, _NPZ_ROWS, LogError, _array, _from_numpy, _pa
 from advcal.io._detect import _first_line, _open_stream
-from advcal.io._digest import _Digest, _keys_arrow, _Plan
+from advcal.io._digest import _Digest, _keys_arrow, _Plan, _text_keys
 
 
 def _npy_read(fp: IO[bytes], name: str, limit: int, size: int | None) -> np.ndarray:
@@ -118,21 +118,25 @@ def _read_npz(path: Path, fmt: str, plan_for: Callable[..., _Plan], on_bad_row: 
     for lo in range(0, n, _NPZ_ROWS):
         hi = min(n, lo + _NPZ_ROWS)
         codes = []
-        for piece_of in group_pieces:
+        flagged: list[tuple[np.ndarray, str]] = []
+        for c, piece_of in zip(plan.group_cols, group_pieces, strict=True):
             piece = piece_of(lo, hi)
-            if piece.dtype.kind in "iu":
+            if piece.dtype.kind == "b":
+                codes.append(_keys_arrow(_from_numpy(piece)))
+            elif piece.dtype.kind in "iu":
                 codes.append(_keys_arrow(_from_numpy(piece.astype(np.int64))))
-            elif piece.dtype.kind in "USb":
+            elif piece.dtype.kind in "US":
                 ids = piece.tolist()
                 if piece.dtype.kind == "S":  # bytes: UTF-8 text, as in the text formats
                     ids = [b.decode() for b in ids]
-                codes.append(_keys_arrow(_array(ids, pa.string())))
+                codes.append(_text_keys(_keys_arrow(_array(ids, pa.string())), plan, c,
+                                        flagged))
             else:
                 raise LogError(f"{plan.key_name}s must be integers or strings; got "
                                f"{piece.dtype}")
         values = [np.asarray(a[lo:hi], np.float64) for a in flat]
         digest.add(codes, values, [None] * len(values), [a[lo:hi] for a in flat],
-                   np.arange(lo + 1, hi + 1))
+                   np.arange(lo + 1, hi + 1), flagged)
     return plan, digest
 
 
