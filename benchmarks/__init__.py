@@ -131,17 +131,26 @@ def round_times(candidates: dict[str, Callable[[], object]], *, min_total: float
     return Rounds(times, [group for group in together if group])
 
 
+def process_env(**extra: str) -> dict[str, str]:
+    """The environment of a fresh process that a benchmark times, with ``extra`` set.
+
+    An installed package has its modules' bytecode written, so PYTHONDONTWRITEBYTECODE is
+    left out: with it, each process would compile advcal's modules from source again."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, **extra}
+
+
 def fresh_process_time(code: str, env: dict[str, str] | None = None, runs: int = 3) -> float:
     """Best wall time of a fresh ``python -c code`` process, in seconds."""
-    import os
     import subprocess
     import sys
 
     best = float("inf")
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], check=True,
-                       env={**os.environ, **(env or {})})
+        subprocess.run([sys.executable, "-c", code], check=True, env=process_env(**(env or {})))
         best = min(best, time.perf_counter() - start)
     return best
 

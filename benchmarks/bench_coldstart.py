@@ -20,7 +20,6 @@ The cases are built only when selected (they import torch or start processes).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import textwrap
 import time
 from typing import Any
 
-from benchmarks import Case
+from benchmarks import Case, process_env
 
 TORCH_TARGET = "advcal.torch.grpo <= 1.45x advcal.grpo on the same values"
 
@@ -66,7 +65,7 @@ def _child(setup: str, call: str, cache: str) -> list[float]:
     """(set-up, numba import, first call) seconds of one fresh process on ``cache``."""
     code = textwrap.dedent(_CHILD).format(setup=setup, call=call)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={**os.environ, "NUMBA_CACHE_DIR": cache})
+                         check=True, env=process_env(NUMBA_CACHE_DIR=cache))
     return [float(t) for t in json.loads(out.stdout.strip().splitlines()[-1])]
 
 
@@ -85,7 +84,7 @@ def _first_calls(quick: bool) -> list[str]:
         with tempfile.TemporaryDirectory() as cache:
             start = time.perf_counter()
             subprocess.run([sys.executable, "-m", "advcal.cli", "warmup"], check=True,
-                           capture_output=True, env={**os.environ, "NUMBA_CACHE_DIR": cache})
+                           capture_output=True, env=process_env(NUMBA_CACHE_DIR=cache))
             lines.append(f"advcal warmup, empty cache: {time.perf_counter() - start:.1f} s")
     return lines
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import Case
+from benchmarks import Case, process_env
 
 _GROUP = 8
 _CHUNK = 1 << 20
@@ -92,7 +92,7 @@ def measure(code: str) -> tuple[float, float, int]:
     """Wall time and CPU time (s, after the interpreter started) and peak RSS (bytes) of
     ``code`` in a fresh process (CPU time is less sensitive to a busy shared machine)."""
     done = subprocess.run([sys.executable, "-c", _MEASURE.format(code=code)],
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True, check=True, env=process_env())
     wall, cpu, rss = done.stderr.strip().splitlines()[-1].split()
     return float(wall), float(cpu), int(rss)
 
