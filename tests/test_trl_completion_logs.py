@@ -76,6 +76,8 @@ def _plain_reading(files: list[Path]) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def test_a_folder_of_trls_own_logs_reads_as_pyarrow_and_numpy_read_it(logged: Path) -> None:
+    import pyarrow.parquet as pq
+
     files = sorted(logged.glob("completions_*.parquet"))
     assert len(files) == 3  # one per step
     log = read_logs(logged, preset="trl", reward_cols=["length_reward", "sometimes_none"],
@@ -87,7 +89,7 @@ def test_a_folder_of_trls_own_logs_reads_as_pyarrow_and_numpy_read_it(logged: Pa
     # every completion whose functions all returned None is a bad row, none other is
     assert log.bad_rows.count == sum(
         int(np.isnan(np.array(
-            [pa.parquet.read_table(f).column(c).to_numpy(zero_copy_only=False)
+            [pq.read_table(f).column(c).to_numpy(zero_copy_only=False)
              for c in ("length_reward", "sometimes_none")], dtype=float)).all(axis=0).sum())
         for f in files)
 
